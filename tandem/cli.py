@@ -1,0 +1,93 @@
+"""The `tandem` command: build tiny checkpoints, ask a question in-process, validate a serve config.
+
+Parses arguments and prints; the work is done by the core modules it calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from tandem.config import POLICY_NAMES, load_tandem_config
+from tandem.errors import TandemError
+
+
+def _cmd_build_tiny(args) -> int:
+    from tandem.checkpoints import build_tiny
+
+    start = time.perf_counter()
+    out = build_tiny(args.dir, args.size, args.seed)
+    size_mb = sum(f.stat().st_size for f in Path(out).iterdir()) / 2**20
+    print(f"built tiny:{args.size} (seed {args.seed}) in {out}: {size_mb:.1f} MB, "
+          f"{time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def _load_args(path: str | None) -> dict:
+    """Tandem args from a YAML file: either bare args or a serve config's first application."""
+    if not path:
+        return {}
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if "applications" in data:
+        return data["applications"][0].get("args", {}) or {}
+    return data
+
+
+def _cmd_ask(args) -> int:
+    from tandem.local import LocalTandem
+    from tandem.schemas import AskRequest
+
+    config = load_tandem_config(_load_args(args.config))
+    images = [Path(p).read_bytes() for p in args.image]
+    tandem = LocalTandem(config)
+    result = tandem.ask(AskRequest(question=args.question, images=images, policy=args.policy,
+                                   max_tokens=args.max_tokens, request_id="cli"))
+    if args.json:
+        print(json.dumps({"answer": result.answer, **result.trace(),
+                          "usage": {"prompt_tokens": result.prompt_tokens,
+                                    "completion_tokens": result.completion_tokens}}))
+    else:
+        print(f"answer: {result.answer!r}\npolicy: {result.policy}  path: {result.path}  "
+              f"transferred tokens: {result.transferred_tokens}")
+        print("latency ms: " + ", ".join(f"{k}={v:.1f}" for k, v in result.latency_ms.items()))
+        print("tokens: " + ", ".join(f"{k}={v}" for k, v in result.tokens.items()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("build-tiny", help="write a tiny random-init Qwen3-VL checkpoint")
+    p.add_argument("dir")
+    p.add_argument("--size", choices=["small", "large"], default="small")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_build_tiny)
+
+    p = sub.add_parser("ask", help="answer one question in-process (tiny checkpoints by default)")
+    p.add_argument("question")
+    p.add_argument("--image", action="append", default=[], help="image file; repeat for several")
+    p.add_argument("--policy", choices=POLICY_NAMES, default=None)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--config", help="YAML with Tandem args, or a serve config (its first application)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_ask)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TandemError as err:
+        print(f"error: {err.message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Typed configuration of the Tandem pipeline, validated once (pydantic, unknown keys rejected).
+
+Owns the structure of a deployment's `args`: which models play the small and large roles, how they
+run, the default policy, the selector and the generation limits. Resources, autoscaling and other
+Serve options are not here: they belong to Serve's own `deployments:` section.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tandem.errors import ConfigError
+
+PolicyName = Literal["large", "small", "large_reasoning", "always", "mutual", "confidence", "random"]
+POLICY_NAMES: tuple[str, ...] = PolicyName.__args__  # type: ignore[attr-defined]
+SelectorName = Literal["full", "budget"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """One model role (small reasoner or large answerer)."""
+
+    model: str = Field(description="Hub id (e.g. Qwen/Qwen3-VL-8B-Instruct), local path, or tiny:small / "
+                                   "tiny:large for an offline random-init checkpoint built on first use.")
+    reasoning_format: Literal["think_tags", "prompted"] = Field(
+        "think_tags", description="How the model reasons: inside <think>...</think> (Thinking variants) or "
+                                  "when asked to in the prompt (Instruct variants).")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32", description="Weights dtype.")
+    device: str = Field("cpu", description="torch device for this model, e.g. cpu, cuda, cuda:0.")
+    min_pixels: int = Field(32 * 32, gt=0, description="Images are resized to at least this many pixels.")
+    max_pixels: int = Field(256 * 256, gt=0, description="Images are resized to at most this many pixels "
+                                                         "(bounds the number of visual tokens).")
+    trust_remote_code: bool = Field(False, description="Allow code shipped with a checkpoint to run. Off "
+                                                       "unless the operator turns it on.")
+
+    @model_validator(mode="after")
+    def _pixels_ordered(self) -> "ModelConfig":
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels ({self.min_pixels}) exceeds max_pixels ({self.max_pixels})")
+        return self
+
+
+class PolicyConfig(_Strict):
+    """Which policy runs by default and the knobs of the ones that decide."""
+
+    default: PolicyName = Field("mutual", description="Policy for model name `tandem`.")
+    confidence_threshold: float = Field(
+        0.5, ge=0.0, le=1.0, description="`confidence`: transfer when the large model's mean answer-token "
+                                         "probability is under this.")
+    random_transfer_p: float = Field(0.5, ge=0.0, le=1.0, description="`random`: probability of a transfer.")
+    speculative: bool = Field(False, description="`mutual`: start the small model's reasoning during "
+                                                 "stage 1 and cancel it when the answers agree.")
+    seed: int = Field(0, description="Seed of the `random` policy's draws.")
+
+
+class SelectorConfig(_Strict):
+    """What part of the small model's reasoning is transferred to the large model."""
+
+    kind: SelectorName = Field("budget", description="full: all of it; budget: head and tail under budget.")
+    budget_tokens: int = Field(128, gt=0, description="Most reasoning tokens transferred.")
+    head_fraction: float = Field(0.5, ge=0.0, le=1.0, description="`budget`: share of the budget taken "
+                                                                   "from the start of the reasoning.")
+
+
+class GenerationLimits(_Strict):
+    """Token budgets per kind of stage."""
+
+    answer_max_tokens: int = Field(16, gt=0, le=4096, description="Short answers (direct and final).")
+    reasoning_max_tokens: int = Field(128, gt=0, le=32768, description="Reasoning before an answer.")
+    max_request_tokens: int = Field(256, gt=0, le=32768,
+                                    description="Most tokens a client may ask for through max_tokens.")
+
+
+class TandemConfig(_Strict):
+    """The whole pipeline: two models, the engine, the default policy, the selector and limits."""
+
+    small: ModelConfig = Field(ModelConfig(model="tiny:small"), description="The small reasoner.")
+    large: ModelConfig = Field(ModelConfig(model="tiny:large", reasoning_format="prompted"),
+                               description="The large answerer.")
+    engine: Literal["transformers", "fake"] = Field("transformers", description="Engine behind both roles.")
+    policy: PolicyConfig = Field(PolicyConfig(), description="Policy defaults.")
+    selector: SelectorConfig = Field(SelectorConfig(), description="Reasoning selector.")
+    limits: GenerationLimits = Field(GenerationLimits(), description="Token budgets.")
+
+    def model(self, role: str) -> ModelConfig:
+        return {"small": self.small, "large": self.large}[role]
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """One line per problem, with the offending key path and value, for operators."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown key '{loc}'")
+        else:
+            lines.append(f"'{loc}': {e['msg']} (got {e.get('input')!r})")
+    return "; ".join(lines)
+
+
+def load_tandem_config(data: dict | None) -> TandemConfig:
+    """Validate raw args into a TandemConfig, or raise ConfigError naming the bad keys."""
+    try:
+        return TandemConfig.model_validate(data or {})
+    except ValidationError as err:
+        raise ConfigError(f"invalid Tandem config: {format_validation_error(err)}") from None

@@ -1,0 +1,47 @@
+"""The pipeline in one process: engines behind the three stages, called in worker threads.
+
+What `tandem ask` and in-process benchmarks run. Under Serve, `deployments/` replaces these stages
+with deployment handles; the pipeline is the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tandem.config import TandemConfig
+from tandem.engines.fake import FakeEngine
+from tandem.engines.protocol import VisionEngines
+from tandem.pipeline import Pipeline, Stages
+from tandem.schemas import AskRequest, TandemResult
+
+
+def load_engines(config: TandemConfig) -> dict:
+    """One engine per role, serving both its vision tower and its decoder; one load per checkpoint."""
+    if config.engine == "fake":
+        return {role: FakeEngine(role) for role in ("small", "large")}
+    from tandem.engines.transformers_engine import TransformersEngine
+
+    return {role: TransformersEngine(config.model(role), name=role) for role in ("small", "large")}
+
+
+def local_stages(engines: dict) -> Stages:
+    vision = VisionEngines(engines)
+
+    async def encode(images, role):
+        return await asyncio.to_thread(vision.encode_images, images, role)
+
+    def generate_with(engine):
+        async def generate(request):
+            return (await asyncio.to_thread(engine.generate, [request]))[0]
+        return generate
+
+    return Stages(encode=encode, small=generate_with(engines["small"]), large=generate_with(engines["large"]))
+
+
+class LocalTandem:
+    def __init__(self, config: TandemConfig, engines: dict | None = None):
+        self.engines = engines or load_engines(config)
+        self.pipeline = Pipeline(config, local_stages(self.engines))
+
+    def ask(self, request: AskRequest) -> TandemResult:
+        return asyncio.run(self.pipeline.answer(request))

@@ -1,0 +1,185 @@
+"""The Tandem pipeline: one async function per request over three injected stages.
+
+`Stages.encode(images, role)` turns image bytes into that role's features; `Stages.small(request)`
+and `Stages.large(request)` generate. In-process they call engines in threads; under Serve they are
+deployment handles. The pipeline encodes each image once per model per request, reuses the
+features across stages, runs independent stages concurrently, and returns the path it took with the
+per-stage latency and token counts. It knows nothing of Ray, HTTP or tokenizers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from tandem import prompts
+from tandem.config import POLICY_NAMES, TandemConfig
+from tandem.errors import NotFound
+from tandem.policies import ROLES_ALWAYS_USED, decide_confidence, decide_mutual, decide_random
+from tandem.schemas import (AskRequest, Decision, GenerationOutput, GenerationRequest, ImageFeatures,
+                            SamplingParams, TandemResult)
+from tandem.selectors import select_reasoning
+
+EncodeStage = Callable[[list[bytes], str], Awaitable[list[ImageFeatures]]]
+GenerateStage = Callable[[GenerationRequest], Awaitable[GenerationOutput]]
+
+
+@dataclass
+class Stages:
+    encode: EncodeStage
+    small: GenerateStage
+    large: GenerateStage
+
+
+class Pipeline:
+    def __init__(self, config: TandemConfig, stages: Stages, *, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.config = config
+        self.stages = stages
+        self.rng = rng or random.Random(config.policy.seed)
+        self.clock = clock
+
+    async def answer(self, request: AskRequest) -> TandemResult:
+        policy = request.policy or self.config.policy.default
+        if policy not in POLICY_NAMES:
+            raise NotFound(f"unknown policy '{policy}'; known: {', '.join(POLICY_NAMES)}", param="model")
+        run = _Run(self, request, policy)
+        start = self.clock()
+        path, final, decision = await getattr(run, f"policy_{policy}")()
+        run.latency_ms["total"] = (self.clock() - start) * 1000
+        return run.result(path, final, decision)
+
+
+class _Run:
+    """The state of one request: its feature tasks, its stage timings and token counts."""
+
+    def __init__(self, pipeline: Pipeline, request: AskRequest, policy: str):
+        self.p, self.req, self.policy = pipeline, request, policy
+        self.cfg = pipeline.config
+        self.latency_ms: dict[str, float] = {}
+        self.tokens: dict[str, int] = {}
+        self.prompt_tokens = 0
+        self.images_encoded: dict[str, int] = {}
+        self.transferred_tokens = 0
+        self.excerpt = ""
+        self._features: dict[str, asyncio.Future] = {}
+        for role in ROLES_ALWAYS_USED[policy]:
+            self.features(role)
+
+    # --- stages --------------------------------------------------------------------------------
+    def features(self, role: str) -> asyncio.Future:
+        if role not in self._features:
+            self._features[role] = asyncio.ensure_future(self._encode(role))
+        return self._features[role]
+
+    async def _encode(self, role: str) -> list[ImageFeatures]:
+        if not self.req.images:
+            return []
+        start = self.p.clock()
+        feats = await self.p.stages.encode(self.req.images, role)
+        self.latency_ms[f"encode_{role}"] = (self.p.clock() - start) * 1000
+        self.images_encoded[role] = self.images_encoded.get(role, 0) + len(self.req.images)
+        return feats
+
+    async def generate(self, stage: str, role: str, prompt: str, max_tokens: int,
+                       stop: tuple[str, ...] = ()) -> GenerationOutput:
+        feats = await self.features(role)
+        request = GenerationRequest(prompt=prompt, images=feats, request_id=self.req.request_id,
+                                    sampling=SamplingParams(max_tokens=max_tokens,
+                                                            temperature=self.req.temperature, stop=stop))
+        start = self.p.clock()
+        out = await getattr(self.p.stages, role)(request)
+        self.latency_ms[stage] = (self.p.clock() - start) * 1000
+        self.tokens[stage] = out.completion_tokens
+        self.prompt_tokens += out.prompt_tokens
+        return out
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.req.max_tokens or self.cfg.limits.answer_max_tokens
+
+    def fmt(self, role: str) -> str:
+        return self.cfg.model(role).reasoning_format
+
+    @property
+    def n_images(self) -> int:
+        return len(self.req.images)
+
+    async def direct(self, role: str) -> GenerationOutput:
+        prompt = prompts.direct_prompt(self.req.question, self.n_images, self.fmt(role))
+        return await self.generate(f"{role}_direct", role, prompt, self.answer_tokens)
+
+    async def reason(self, role: str) -> tuple[str, list[str], str]:
+        """Reasoning only: returns (prompt, reasoning token texts, reasoning text)."""
+        fmt = self.fmt(role)
+        prompt = prompts.reasoning_prompt(self.req.question, self.n_images, fmt)
+        out = await self.generate(f"{role}_reasoning", role, prompt, self.cfg.limits.reasoning_max_tokens,
+                                  stop=(prompts.reasoning_stop(fmt),))
+        return prompt, out.token_texts, out.text
+
+    async def reason_then_answer(self, role: str) -> GenerationOutput:
+        prompt, _, reasoning = await self.reason(role)
+        follow = prompts.answer_after_reasoning(prompt, reasoning, self.fmt(role))
+        return await self.generate(f"{role}_answer", role, follow, self.answer_tokens)
+
+    async def transfer(self, reasoning: Awaitable[tuple[str, list[str], str]] | None = None) -> GenerationOutput:
+        _, token_texts, _ = await (reasoning or self.reason("small"))
+        start = self.p.clock()
+        selection = select_reasoning(token_texts, self.cfg.selector)
+        self.latency_ms["selector"] = (self.p.clock() - start) * 1000
+        self.transferred_tokens, self.excerpt = selection.token_count, selection.text
+        prompt = prompts.transfer_prompt(self.req.question, self.n_images, selection.text, self.fmt("large"))
+        return await self.generate("large_transfer", "large", prompt, self.answer_tokens)
+
+    # --- policies: each returns (path, final output, decision) ----------------------------------
+    async def policy_large(self):
+        return "large", await self.direct("large"), None
+
+    async def policy_small(self):
+        return "small", await self.reason_then_answer("small"), None
+
+    async def policy_large_reasoning(self):
+        return "large_reasoning", await self.reason_then_answer("large"), None
+
+    async def policy_always(self):
+        return "transfer", await self.transfer(), Decision(True, "always transfer")
+
+    async def policy_mutual(self):
+        speculative = asyncio.ensure_future(self.reason("small")) if self.cfg.policy.speculative else None
+        try:
+            small, large = await asyncio.gather(self.direct("small"), self.direct("large"))
+        except BaseException:
+            if speculative:
+                speculative.cancel()
+            raise
+        decision = decide_mutual(small.text, large.text)
+        decision.inputs["speculative"] = speculative is not None
+        if not decision.transfer:
+            if speculative:
+                speculative.cancel()
+            return "agree", large, decision
+        return "transfer", await self.transfer(speculative), decision
+
+    async def policy_confidence(self):
+        large = await self.direct("large")
+        decision = decide_confidence(large.logprobs, self.cfg.policy.confidence_threshold)
+        if not decision.transfer:
+            return "large", large, decision
+        return "transfer", await self.transfer(), decision
+
+    async def policy_random(self):
+        decision = decide_random(self.cfg.policy.random_transfer_p, self.p.rng)
+        if decision.transfer:
+            return "transfer", await self.transfer(), decision
+        return "large", await self.direct("large"), decision
+
+    def result(self, path: str, final: GenerationOutput, decision: Decision | None) -> TandemResult:
+        return TandemResult(
+            answer=final.text.strip(), policy=self.policy, path=path, decision=decision,
+            latency_ms=self.latency_ms, tokens=self.tokens, transferred_tokens=self.transferred_tokens,
+            prompt_tokens=self.prompt_tokens, completion_tokens=sum(self.tokens.values()),
+            images_encoded=self.images_encoded, finish_reason=final.finish_reason,
+            reasoning_excerpt=self.excerpt)

@@ -1,0 +1,81 @@
+"""Every prompt Tandem sends to a model, built here as ChatML text (Qwen's format), and nowhere else.
+
+Pure functions of (question, number of images, reasoning format, excerpt): golden-tested. Models
+speak tokens and features; the engine only expands each image placeholder to its feature count.
+Text from clients and from models is stripped of control tokens before it enters a prompt, so
+neither can forge an image placeholder or close a turn.
+"""
+
+from __future__ import annotations
+
+import re
+
+IMAGE_PAD = "<|image_pad|>"
+IMAGE_PLACEHOLDER = "<|vision_start|>" + IMAGE_PAD + "<|vision_end|>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ANSWER_MARK = "Answer:"
+
+SHORT_ANSWER_INSTRUCTION = "Answer with a single word, number or option letter."
+REASON_INSTRUCTION = f"Think step by step, then give the final answer after '{ANSWER_MARK}'."
+TRANSFER_HEADER = "Key reasoning from a helper model (may be incomplete):"
+
+_CONTROL_TOKENS = re.compile(r"<\|[a-z_]+\|>|</?think>")
+
+
+def sanitize(text: str) -> str:
+    """Remove control tokens (`<|im_end|>`, `<|image_pad|>`, `<think>`, ...) from untrusted text."""
+    return _CONTROL_TOKENS.sub("", text)
+
+
+def _user_turn(question: str, n_images: int, *extra: str) -> str:
+    body = IMAGE_PLACEHOLDER * n_images + sanitize(question).strip()
+    for part in extra:
+        body += "\n" + part
+    return f"<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def direct_prompt(question: str, n_images: int, reasoning_format: str) -> str:
+    """The model answers at once, short, without reasoning."""
+    prompt = _user_turn(question, n_images, SHORT_ANSWER_INSTRUCTION)
+    if reasoning_format == "think_tags":
+        prompt += f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"  # an empty thought turns thinking off (Qwen3)
+    return prompt
+
+
+def reasoning_prompt(question: str, n_images: int, reasoning_format: str) -> str:
+    """The model reasons first; the reasoning ends at `reasoning_stop(reasoning_format)`."""
+    if reasoning_format == "think_tags":
+        return _user_turn(question, n_images, SHORT_ANSWER_INSTRUCTION) + f"{THINK_OPEN}\n"
+    return _user_turn(question, n_images, REASON_INSTRUCTION)
+
+
+def reasoning_stop(reasoning_format: str) -> str:
+    return THINK_CLOSE if reasoning_format == "think_tags" else ANSWER_MARK
+
+
+def answer_after_reasoning(prompt: str, reasoning: str, reasoning_format: str) -> str:
+    """Continue a reasoning prompt with its (possibly cut) reasoning, closed, so the answer follows."""
+    reasoning = sanitize(reasoning).rstrip()
+    if reasoning_format == "think_tags":
+        return f"{prompt}{reasoning}\n{THINK_CLOSE}\n\n"
+    return f"{prompt}{reasoning}\n{ANSWER_MARK} "
+
+
+def transfer_prompt(question: str, n_images: int, excerpt: str, reasoning_format: str) -> str:
+    """The large model answers short, with the small model's selected reasoning in its user turn,
+    after the question and before the answer instruction."""
+    prompt = _user_turn(question, n_images, "", TRANSFER_HEADER, sanitize(excerpt).strip(), "",
+                        SHORT_ANSWER_INSTRUCTION)
+    if reasoning_format == "think_tags":
+        prompt += f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
+    return prompt
+
+
+def split_reasoning(text: str, reasoning_format: str) -> tuple[str, str | None]:
+    """Split a reasoning completion into (reasoning, answer); answer is None when the model never
+    closed its reasoning (cut by the budget)."""
+    stop = reasoning_stop(reasoning_format)
+    if stop in text:
+        reasoning, answer = text.split(stop, 1)
+        return reasoning.strip(), answer.strip()
+    return text.strip(), None
