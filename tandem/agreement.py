@@ -13,7 +13,9 @@ _WORD_NUMBERS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
     "sixteen seventeen eighteen nineteen twenty".split())}
 _PREFIX = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?(?:answer|option|choice)\s*(?:is)?\s*[:\-]?\s*", re.I)
-_LETTER = re.compile(r"^\(?([A-Ha-h])\)?(?:[.:)\s]|$)")
+# A bare letter ("b", "(B)", "C.") or a marked one leading text ("A) a cat", "(b) dog", "B. red");
+# a lowercase "a" before a word is the article, not option A.
+_LETTER = re.compile(r"^(?:\(?([A-Ha-h])\)?[.:)]?$|\(([A-Ha-h])\)|([A-H])[.:)])")
 _NUMBER = re.compile(r"^[-+]?\d[\d,]*(?:\.\d+)?")
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
 _NON_WORD = re.compile(r"[^\w\s]")
@@ -24,8 +26,8 @@ def normalize_answer(text: str) -> str:
     s = _PREFIX.sub("", text.strip())
     s = s.strip().strip("*\"'`")
     letter = _LETTER.match(s)
-    if letter and (len(s) <= 3 or not s[1:2].isalpha()):
-        return f"opt:{letter.group(1).upper()}"
+    if letter:
+        return "opt:" + next(g for g in letter.groups() if g).upper()
     number = _NUMBER.match(s)
     if number:
         return "num:" + _canonical_number(number.group(0).replace(",", ""))

@@ -1,0 +1,33 @@
+"""`tandem ask` end to end on tiny checkpoints: the JSON a user scripts against carries the path,
+per-stage latency and tokens, and they agree with each other."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CAT = Path(__file__).resolve().parents[2] / "examples" / "cat.png"
+
+
+@pytest.mark.parametrize("policy, path", [("mutual", {"agree", "transfer"}), ("large", {"large"}),
+                                          ("always", {"transfer"})])
+def test_ask_json(policy, path):
+    out = subprocess.run([sys.executable, "-m", "tandem.cli", "ask", "--image", str(CAT), "--policy", policy,
+                          "--json", "How many legs?"], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["policy"] == policy and result["path"] in path
+    assert isinstance(result["answer"], str)
+    assert set(result["tokens"]) <= set(result["latency_ms"]) and result["latency_ms"]["total"] > 0
+    assert result["usage"]["completion_tokens"] == sum(result["tokens"].values())
+    if result["path"] == "transfer":
+        assert result["transferred_tokens"] > 0 and "small_reasoning" in result["tokens"]
+    else:
+        assert result["transferred_tokens"] == 0
+
+
+def test_build_tiny_command(tmp_path):
+    subprocess.run([sys.executable, "-m", "tandem.cli", "build-tiny", str(tmp_path / "ck"), "--size", "small"],
+                   check=True, capture_output=True)
+    assert (tmp_path / "ck" / "model.safetensors").exists() and (tmp_path / "ck" / "processor_config.json").exists()
