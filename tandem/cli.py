@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tandem.config import POLICY_NAMES, load_tandem_config
+from tandem.config import DEPLOYMENT_NAMES, POLICY_NAMES, load_tandem_config
 from tandem.errors import TandemError
 
 
@@ -59,6 +59,31 @@ def _cmd_ask(args) -> int:
     return 0
 
 
+def _cmd_validate_config(args) -> int:
+    """Check a serve config's Tandem args and deployment names without starting Ray."""
+    data = yaml.safe_load(Path(args.file).read_text()) or {}
+    apps = data.get("applications") or []
+    if not apps:
+        print(f"error: {args.file}: no 'applications' list", file=sys.stderr)
+        return 2
+    problems = []
+    for app in apps:
+        name = app.get("name", "<unnamed>")
+        try:
+            load_tandem_config(app.get("args"))
+        except TandemError as err:
+            problems.append(f"application '{name}': {err.message}")
+        for dep in app.get("deployments") or []:
+            if dep.get("name") not in DEPLOYMENT_NAMES:
+                problems.append(f"application '{name}': unknown deployment '{dep.get('name')}'; "
+                                f"known: {', '.join(DEPLOYMENT_NAMES)}")
+    for problem in problems:
+        print(f"error: {args.file}: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"{args.file}: {len(apps)} application(s) valid")
+    return 2 if problems else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -77,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML with Tandem args, or a serve config (its first application)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_ask)
+
+    p = sub.add_parser("validate-config", help="check a serve config's args and deployment names (no Ray)")
+    p.add_argument("file")
+    p.set_defaults(func=_cmd_validate_config)
     return parser
 
 

@@ -16,6 +16,8 @@ from tandem.errors import ConfigError
 PolicyName = Literal["large", "small", "large_reasoning", "always", "mutual", "confidence", "random"]
 POLICY_NAMES: tuple[str, ...] = PolicyName.__args__  # type: ignore[attr-defined]
 SelectorName = Literal["full", "budget"]
+# The Serve deployments a config may name (deployments/app.py binds exactly these).
+DEPLOYMENT_NAMES: tuple[str, ...] = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
 
 
 class _Strict(BaseModel):
@@ -76,6 +78,19 @@ class GenerationLimits(_Strict):
                                     description="Most tokens a client may ask for through max_tokens.")
 
 
+class HttpConfig(_Strict):
+    """What the ingress accepts from clients. Every limit is checked before a model sees the request."""
+
+    max_body_bytes: int = Field(16 * 2**20, gt=0, description="Largest request body (413 above).")
+    max_images: int = Field(4, ge=0, description="Most images in one request.")
+    max_image_bytes: int = Field(8 * 2**20, gt=0, description="Largest decoded image file (413 above).")
+    max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest image, width x height (413 above).")
+    max_question_chars: int = Field(8000, gt=0, description="Longest text across a request's messages.")
+    allowed_image_hosts: tuple[str, ...] = Field(
+        (), description="Hosts whose http(s) image URLs may be fetched. Empty: remote URLs are refused.")
+    request_timeout_s: float = Field(120.0, gt=0, description="Whole-request deadline (504 past it).")
+
+
 class TandemConfig(_Strict):
     """The whole pipeline: two models, the engine, the default policy, the selector and limits."""
 
@@ -86,6 +101,7 @@ class TandemConfig(_Strict):
     policy: PolicyConfig = Field(PolicyConfig(), description="Policy defaults.")
     selector: SelectorConfig = Field(SelectorConfig(), description="Reasoning selector.")
     limits: GenerationLimits = Field(GenerationLimits(), description="Token budgets.")
+    http: HttpConfig = Field(HttpConfig(), description="Limits of the HTTP ingress.")
 
     def model(self, role: str) -> ModelConfig:
         return {"small": self.small, "large": self.large}[role]

@@ -182,4 +182,4 @@ class _Run:
             latency_ms=self.latency_ms, tokens=self.tokens, transferred_tokens=self.transferred_tokens,
             prompt_tokens=self.prompt_tokens, completion_tokens=sum(self.tokens.values()),
             images_encoded=self.images_encoded, finish_reason=final.finish_reason,
-            reasoning_excerpt=self.excerpt)
+            reasoning_excerpt=self.excerpt, request_id=self.req.request_id)

@@ -99,6 +99,7 @@ class TandemResult:
     finish_reason: str = "stop"
     degraded: bool = False
     reasoning_excerpt: str = ""
+    request_id: str = ""
 
     @property
     def agreement(self) -> bool | None:

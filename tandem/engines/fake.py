@@ -26,6 +26,9 @@ class FakeEngine:
         self.encoded: list[str] = []  # digests of the images encoded, in order
         self.batches: list[list[GenerationRequest]] = []
 
+    def warm_up(self) -> None:
+        """Nothing to warm; present so the fake honours the whole protocol."""
+
     def encode_images(self, images: list[bytes], model: str | None = None) -> list[ImageFeatures]:
         self.encoded.extend(image_digest(b) for b in images)
         return [ImageFeatures(model=model or self.name, embeds=image_digest(b), deepstack=[], grid_thw=(1, 2, 2),

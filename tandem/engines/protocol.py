@@ -10,12 +10,18 @@ from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures
 
 @runtime_checkable
 class VisionEngine(Protocol):
+    def warm_up(self) -> None:
+        """Run once before serving, so no client pays a cold start."""
+
     def encode_images(self, images: list[bytes], model: str) -> list[ImageFeatures]:
         """Features of each image (bytes already validated) for the named model, in order."""
 
 
 @runtime_checkable
 class GenerationEngine(Protocol):
+    def warm_up(self) -> None:
+        """Run once before serving, so no client pays a cold start."""
+
     def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
         """One output per request, in order. Requests may differ in sampling parameters."""
 

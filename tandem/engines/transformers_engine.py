@@ -19,8 +19,8 @@ from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
 from tandem.images import decode_image
 from tandem.processors import load_processor
-from tandem.prompts import IMAGE_PAD
-from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures
+from tandem.prompts import IMAGE_PAD, IMAGE_PLACEHOLDER
+from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
@@ -60,6 +60,21 @@ class TransformersEngine:
         ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         ids.add(self.tokenizer.pad_token_id)
         return {i for i in ids if i is not None}
+
+    def warm_up(self) -> None:
+        """Run each loaded part once, so the first client request does not pay lazy initialisation."""
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 64), (127, 127, 127)).save(buf, "PNG")
+        if self.model.model.visual is not None:
+            feats = self.encode_images([buf.getvalue()])
+            if self.model.model.language_model is not None:
+                self.generate([GenerationRequest(IMAGE_PLACEHOLDER + "hi", feats, SamplingParams(max_tokens=2))])
+        elif self.model.model.language_model is not None:
+            self.generate([GenerationRequest("hi", [], SamplingParams(max_tokens=2))])
 
     # --- vision ---------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -1,0 +1,48 @@
+"""The application builder: `serve run serve_config.yaml` calls `build_app(args)`.
+
+Validates `args` into the core's TandemConfig (unknown keys rejected, named) before anything is
+bound, then binds the four deployments. Each is separately named so `serve_config.yaml`'s
+`deployments:` section can set its resources, autoscaling, queue limits and `user_config`.
+"""
+
+from __future__ import annotations
+
+from ray import serve
+from ray.serve import Application
+
+from deployments.large_answerer import LargeAnswerer
+from deployments.router import Router
+from deployments.small_reasoner import SmallReasoner
+from deployments.vision_encoder import VisionEncoder
+from tandem.config import DEPLOYMENT_NAMES, TandemConfig, load_tandem_config
+
+# Defaults sized for one small CPU machine; serve_config.yaml overrides each.
+_DEFAULT_OPTIONS = {
+    "Router": dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64),
+    "VisionEncoder": dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=32),
+    "SmallReasoner": dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=32),
+    "LargeAnswerer": dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=32),
+}
+
+
+def bind_app(config: TandemConfig, options: dict[str, dict] | None = None) -> Application:
+    """Bind the four deployments for a validated config; `options` overrides per deployment name.
+
+    A new `user_config` in a redeployed config file (`serve deploy`) reconfigures replicas in place:
+    Serve keys the code version on the import path, args and runtime env, not on user_config.
+    """
+    options = options or {}
+
+    def deployment(cls):
+        name = cls.__name__
+        opts = {**_DEFAULT_OPTIONS[name], **options.get(name, {})}
+        return serve.deployment(cls, name=name, **opts)
+
+    vision = deployment(VisionEncoder).bind(config)
+    small = deployment(SmallReasoner).bind(config)
+    large = deployment(LargeAnswerer).bind(config)
+    return deployment(Router).bind(vision, small, large, config)
+
+
+def build_app(args: dict) -> Application:
+    return bind_app(load_tandem_config(args))

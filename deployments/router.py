@@ -1,0 +1,121 @@
+"""Router: the HTTP ingress. Reads bytes, lets the core parse and validate them, runs the core
+pipeline with the three model deployments' handles as its stages, and writes the response.
+Errors become OpenAI-shaped JSON here, once; metrics and the per-request log line are emitted here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+from ray.serve.metrics import Counter, Histogram
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from tandem import openai_api
+from tandem.config import TandemConfig
+from tandem.errors import Overloaded, PayloadTooLarge, StageTimeout, TandemError
+from tandem.pipeline import Pipeline, Stages
+from tandem.schemas import TandemResult
+
+logger = logging.getLogger("ray.serve")
+_LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000]
+
+
+class Router:
+    def __init__(self, vision: DeploymentHandle, small: DeploymentHandle, large: DeploymentHandle,
+                 config: TandemConfig):
+        self.config = config
+        self.pipeline = Pipeline(config, Stages(
+            encode=lambda images, role: vision.encode.remote(images, role),
+            small=lambda request: small.generate.remote(request),
+            large=lambda request: large.generate.remote(request)))
+        self.requests = Counter("tandem_requests", "Answered requests by policy and path.", ("policy", "path"))
+        self.errors = Counter("tandem_errors", "Failed requests by HTTP status.", ("status",))
+        self.transfers = Counter("tandem_transfers", "Requests whose small-model reasoning was transferred; "
+                                 "divide by tandem_requests for the transfer rate.", ("policy",))
+        self.transferred_tokens = Counter("tandem_transferred_tokens", "Reasoning tokens transferred.", ("policy",))
+        self.stage_latency = Histogram("tandem_stage_latency_ms", "Latency of each pipeline stage.",
+                                       _LATENCY_BOUNDARIES_MS, ("stage",))
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path[len(request.scope.get("root_path", "")):] or "/"
+        try:
+            if request.method == "GET" and path == "/healthz":
+                return JSONResponse({"status": "ok"})
+            if request.method == "GET" and path == "/v1/models":
+                return JSONResponse(openai_api.models_list())
+            if request.method == "POST" and path == "/v1/chat/completions":
+                return await self._chat(request)
+            return _error(404, f"no route for {request.method} {path}", "not_found_error")
+        except TandemError as err:
+            self.errors.inc(tags={"status": str(err.status)})
+            headers = {"Retry-After": str(int(err.retry_after_s or 1))} if err.status in (429, 503) else None
+            return JSONResponse(err.to_openai(), status_code=err.status, headers=headers)
+        except Exception:  # the edge: a downstream failure is a clean 500, logged once, never a crash
+            logger.exception("tandem request failed: %s %s", request.method, path)
+            self.errors.inc(tags={"status": "500"})
+            return _error(500, "internal error while answering; see the server log", "internal_error")
+
+    async def _chat(self, request: Request) -> Response:
+        body = await self._read_body(request)
+        chat = openai_api.parse_chat_request(body, self.config, request_id=f"chatcmpl-{uuid.uuid4().hex[:24]}")
+        if chat.stream:
+            return StreamingResponse(self._stream(chat), media_type="text/event-stream")
+        result = await self._answer(chat)
+        return JSONResponse(openai_api.chat_completion(result, chat))
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.config.http.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+        return bytes(body)
+
+    async def _answer(self, chat) -> TandemResult:
+        try:
+            result = await asyncio.wait_for(self.pipeline.answer(chat.ask), self.config.http.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise StageTimeout(f"request exceeded {self.config.http.request_timeout_s} s") from None
+        except BackPressureError as err:
+            raise Overloaded(f"a model deployment is at capacity: {err}", retry_after_s=1) from None
+        self._record(result)
+        return result
+
+    async def _stream(self, chat):
+        created = int(time.time())
+        yield openai_api.stream_start(chat, created)
+        try:
+            result = await self._answer(chat)
+        except TandemError as err:
+            self.errors.inc(tags={"status": str(err.status)})
+            yield f"data: {json.dumps(err.to_openai())}\n\n"
+            yield "data: [DONE]\n\n"
+            return
+        for chunk in openai_api.stream_rest(result, chat, created, openai_api.answer_pieces(result.answer)):
+            yield chunk
+
+    def _record(self, result: TandemResult) -> None:
+        self.requests.inc(tags={"policy": result.policy, "path": result.path})
+        if result.transferred_tokens or result.path == "transfer":
+            self.transfers.inc(tags={"policy": result.policy})
+            self.transferred_tokens.inc(result.transferred_tokens, tags={"policy": result.policy})
+        for stage, ms in result.latency_ms.items():
+            self.stage_latency.observe(ms, tags={"stage": stage})
+        logger.info(json.dumps({"event": "tandem_request", "request_id": result.request_id, "policy": result.policy,
+                                "path": result.path, "latency_ms": round(result.latency_ms.get("total", 0.0), 1),
+                                "transferred_tokens": result.transferred_tokens}))
+
+
+def _error(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
+                        status_code=status)

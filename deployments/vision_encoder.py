@@ -1,0 +1,86 @@
+"""VisionEncoder: each model's own vision tower, batched across requests, with an LRU cache of
+features by (model, image digest) so a repeated image is never encoded twice."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import OrderedDict
+
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+
+from tandem.config import TandemConfig
+from tandem.images import image_digest
+from tandem.schemas import ImageFeatures
+
+
+class VisionConfig(BaseModel):
+    """The vision encoder's `user_config`."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_batch_size: int = Field(8, gt=0, description="Most encode calls batched together.")
+    batch_wait_timeout_s: float = Field(0.005, ge=0, description="How long a batch waits to fill.")
+    feature_cache_size: int = Field(256, ge=0, description="Images whose features are kept, per replica.")
+
+
+def make_vision_engines(config: TandemConfig) -> dict:
+    if config.engine == "fake":
+        from tandem.engines.fake import FakeEngine
+        return {role: FakeEngine(role) for role in ("small", "large")}
+    from tandem.engines.transformers_engine import TransformersEngine
+    return {role: TransformersEngine(config.model(role), name=role, language=False) for role in ("small", "large")}
+
+
+class VisionEncoder:
+    def __init__(self, config: TandemConfig):
+        self.towers = make_vision_engines(config)
+        for tower in self.towers.values():
+            tower.warm_up()
+        self.cache: OrderedDict[tuple[str, str], ImageFeatures] = OrderedDict()
+        self.settings = VisionConfig()
+        self.encoded: dict[str, int] = {role: 0 for role in self.towers}
+        self.cache_hits = 0
+        self.batch_sizes: list[int] = []
+
+    def reconfigure(self, user_config: dict) -> None:
+        self.settings = VisionConfig.model_validate(user_config or {})
+        self._encode_batch.set_max_batch_size(self.settings.max_batch_size)
+        self._encode_batch.set_batch_wait_timeout_s(self.settings.batch_wait_timeout_s)
+
+    async def encode(self, images: list[bytes], model: str) -> list[ImageFeatures]:
+        return await self._encode_batch((images, model))
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
+    async def _encode_batch(self, calls: list[tuple[list[bytes], str]]) -> list[list[ImageFeatures]]:
+        self.batch_sizes.append(len(calls))
+        found: dict[tuple[str, str], ImageFeatures] = {}
+        for role in {role for _, role in calls}:
+            wanted = {image_digest(b): b for images, r in calls if r == role for b in images}
+            missing = {}
+            for digest, data in wanted.items():
+                if (role, digest) in self.cache:
+                    found[role, digest] = self.cache[role, digest]
+                    self.cache.move_to_end((role, digest))
+                    self.cache_hits += 1
+                else:
+                    missing[digest] = data
+            if missing:
+                feats = await asyncio.to_thread(self.towers[role].encode_images, list(missing.values()))
+                self.encoded[role] += len(feats)
+                for digest, feat in zip(missing, feats):
+                    found[role, digest] = feat
+                    self._remember((role, digest), feat)
+        return [[found[role, image_digest(b)] for b in images] for images, role in calls]
+
+    def _remember(self, key, feat) -> None:
+        if self.settings.feature_cache_size == 0:
+            return
+        self.cache[key] = feat
+        while len(self.cache) > self.settings.feature_cache_size:
+            self.cache.popitem(last=False)
+
+    def stats(self) -> dict:
+        return {"pid": os.getpid(), "encoded": dict(self.encoded), "batch_sizes": list(self.batch_sizes),
+                "cache_hits": self.cache_hits,
+                "cached": len(self.cache), **self.settings.model_dump()}

@@ -1,0 +1,77 @@
+"""One local Ray cluster and Serve instance for the whole Serve test session, with two Tandem apps
+deployed from serve_config.yaml through the controller's config path (what `serve deploy` does):
+`tandem` (tiny small + tiny large: they disagree) and `agree` (the same tiny checkpoint in both
+roles: greedy answers agree). Torn down at the end."""
+
+from __future__ import annotations
+
+import copy
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_BATCH = {"max_batch_size": 8, "batch_wait_timeout_s": 0.05}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def app_configs(large_batch: dict | None = None) -> list[dict]:
+    base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
+    tandem = copy.deepcopy(base)
+    for dep in tandem["deployments"]:
+        if dep["name"] in ("SmallReasoner", "LargeAnswerer"):
+            dep["user_config"] = dict(TEST_BATCH)
+        if dep["name"] == "LargeAnswerer" and large_batch:
+            dep["user_config"] = dict(large_batch)
+    agree = copy.deepcopy(tandem)
+    agree.update(name="agree", route_prefix="/agree")
+    agree["args"]["small"] = {"model": "tiny:large", "reasoning_format": "prompted"}
+    return [tandem, agree]
+
+
+def deploy(configs: list[dict], timeout_s: float = 240) -> None:
+    from ray import serve
+    from ray.serve._private.api import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    _get_global_client().deploy_apps(ServeDeploySchema(applications=configs))
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        apps = serve.status().applications
+        states = {name: apps[name].status for name in (c["name"] for c in configs) if name in apps}
+        if len(states) == len(configs) and all(s == "RUNNING" for s in states.values()):
+            return
+        if any(s in ("DEPLOY_FAILED", "UNHEALTHY") for s in states.values()):
+            raise RuntimeError(f"deploy failed: {[(n, apps[n].message) for n in states]}")
+        time.sleep(1)
+    raise TimeoutError(f"apps not RUNNING after {timeout_s} s: {serve.status().applications}")
+
+
+@pytest.fixture(scope="session")
+def serve_url():
+    import ray
+    from ray import serve
+
+    port = _free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        deploy(app_configs())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def handle(deployment: str, app: str = "tandem"):
+    from ray import serve
+
+    return serve.get_deployment_handle(deployment, app_name=app)

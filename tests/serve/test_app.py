@@ -1,0 +1,177 @@
+"""Tandem under real Serve with real tiny transformers models, queried as users do: the official
+openai client and raw HTTP. Asserts what came back (path, trace, text) and what the deployments
+recorded (batch sizes, encodes, replica pids)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.conftest import make_png
+from tests.serve.conftest import app_configs, deploy, handle
+
+pytestmark = pytest.mark.serve
+
+
+def image_part(data: bytes) -> dict:
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(data).decode()}}
+
+
+def messages(question: str, *images: bytes) -> list[dict]:
+    return [{"role": "user", "content": [*(image_part(i) for i in images), {"type": "text", "text": question}]}]
+
+
+def client(url: str, app: str = "") -> OpenAI:
+    return OpenAI(base_url=f"{url}{app}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def trace(completion) -> dict:
+    return completion.model_extra["tandem"]
+
+
+EXPECTED_PATHS = {"large": {"large"}, "small": {"small"}, "large_reasoning": {"large_reasoning"},
+                  "always": {"transfer"}, "mutual": {"transfer"}, "confidence": {"large", "transfer"},
+                  "random": {"large", "transfer"}}
+
+
+@pytest.mark.parametrize("policy", sorted(EXPECTED_PATHS))
+def test_openai_client_each_policy_takes_its_path(serve_url, policy):
+    c = client(serve_url)
+    out = c.chat.completions.create(model=f"tandem:{policy}", messages=messages("How many legs?", make_png(10)),
+                                    max_tokens=6)
+    t = trace(out)
+    assert t["policy"] == policy and t["path"] in EXPECTED_PATHS[policy]
+    assert out.choices[0].message.role == "assistant" and isinstance(out.choices[0].message.content, str)
+    assert out.usage.completion_tokens == sum(t["tokens"].values())
+    if t["path"] == "transfer":
+        assert t["transferred_tokens"] > 0 and "small_reasoning" in t["tokens"]
+    if policy == "confidence":
+        assert (t["path"] == "transfer") == (t["decision"]["confidence"] < t["decision"]["threshold"])
+
+
+def test_model_tandem_uses_the_configured_default(serve_url):
+    out = client(serve_url).chat.completions.create(model="tandem", messages=messages("Colour?"), max_tokens=4)
+    assert trace(out)["policy"] == "mutual"
+
+
+def test_stream_reassembles_to_the_non_streamed_text(serve_url):
+    c = client(serve_url)
+    kwargs = dict(model="tandem:large", messages=messages("What is shown?", make_png(11)), max_tokens=8,
+                  temperature=0)
+    whole = c.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = list(c.chat.completions.create(stream=True, **kwargs))
+    streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert streamed == whole and len(whole) > 0
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert chunks[-1].model_extra["tandem"]["path"] == "large"
+
+
+def test_mutual_agreement_path_when_both_roles_are_the_same_model(serve_url):
+    out = client(serve_url, "/agree").chat.completions.create(
+        model="tandem:mutual", messages=messages("How many legs?", make_png(12)), max_tokens=6)
+    t = trace(out)
+    assert (t["path"], t["agreement"]) == ("agree", True)
+    assert t["decision"]["small_answer"] == t["decision"]["large_answer"]
+    assert "small_reasoning" not in t["tokens"] and t["transferred_tokens"] == 0
+
+
+def test_mutual_transfer_encodes_each_image_once_per_model(serve_url):
+    vision = handle("VisionEncoder")
+    before = vision.stats.remote().result()["encoded"]
+    out = client(serve_url).chat.completions.create(
+        model="tandem:mutual", messages=messages("How many legs?", make_png(13), make_png(14)), max_tokens=6)
+    t = trace(out)
+    assert t["path"] == "transfer" and t["agreement"] is False
+    assert {"large_direct", "large_transfer"} <= set(t["tokens"])  # the large model ran twice
+    assert t["images_encoded"] == {"small": 2, "large": 2}
+    after = vision.stats.remote().result()["encoded"]
+    assert {r: after[r] - before[r] for r in after} == {"small": 2, "large": 2}
+
+
+def _concurrent(url: str, n: int, tag: str) -> list[dict]:
+    def one(i):
+        body = {"model": "tandem:large", "max_tokens": 3, "messages": messages(f"{tag} question {i}?")}
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_concurrent_requests_reach_the_model_server_in_fewer_batches(serve_url):
+    large = handle("LargeAnswerer")
+    seen = len(large.stats.remote().result()["batch_sizes"])
+    n = 8
+    _concurrent(serve_url, n, "batch")
+    sizes = large.stats.remote().result()["batch_sizes"][seen:]
+    assert sum(sizes) == n
+    assert len(sizes) < n and max(sizes) > 1
+
+
+def test_reconfigure_changes_batch_size_without_restarting_the_replica(serve_url):
+    large = handle("LargeAnswerer")
+    before = large.stats.remote().result()
+    assert before["max_batch_size"] == 8
+    try:
+        deploy(app_configs(large_batch={"max_batch_size": 2, "batch_wait_timeout_s": 0.05}))
+        after = handle("LargeAnswerer").stats.remote().result()
+        assert after["max_batch_size"] == 2 and after["pid"] == before["pid"]
+        seen = len(after["batch_sizes"])
+        _concurrent(serve_url, 6, "reconf")
+        sizes = handle("LargeAnswerer").stats.remote().result()["batch_sizes"][seen:]
+        assert sum(sizes) == 6 and max(sizes) <= 2
+    finally:
+        deploy(app_configs())
+    assert handle("LargeAnswerer").stats.remote().result()["pid"] == before["pid"]
+
+
+def _post(url: str, body, **kw) -> httpx.Response:
+    content = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(f"{url}/v1/chat/completions", content=content, timeout=60,
+                      headers={"Content-Type": "application/json"}, **kw)
+
+
+BAD_REQUESTS = [
+    ("malformed json", b"{not json", 400, "not valid JSON"),
+    ("not an object", b"[1, 2]", 400, "JSON object"),
+    ("unknown model", {"model": "gpt-4", "messages": messages("hi")}, 404, "does not exist"),
+    ("unknown policy", {"model": "tandem:best", "messages": messages("hi")}, 404, "tandem:best"),
+    ("no messages", {"model": "tandem", "messages": []}, 400, "messages"),
+    ("bad role", {"model": "tandem", "messages": [{"role": "robot", "content": "hi"}]}, 400, "role"),
+    ("not an image", {"model": "tandem", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"hello").decode()}},
+        {"type": "text", "text": "hi"}]}]}, 400, "could not be decoded"),
+    ("local file url", {"model": "tandem", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}, {"type": "text", "text": "hi"}]}]},
+     400, "refused"),
+    ("remote url", {"model": "tandem", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest"}},
+        {"type": "text", "text": "hi"}]}]}, 400, "refused"),
+    ("max_tokens too big", {"model": "tandem", "messages": messages("hi"), "max_tokens": 10**6}, 400, "max_tokens"),
+    ("body too large", b"{" + b" " * (17 * 2**20) + b"}", 413, "limit"),
+]
+
+
+@pytest.mark.parametrize("name, body, status, fragment", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_requests_get_openai_errors_and_the_app_keeps_answering(serve_url, name, body, status, fragment):
+    r = _post(serve_url, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert fragment in error["message"] and error["code"] == status
+    good = _post(serve_url, {"model": "tandem:large", "messages": messages("still there?"), "max_tokens": 2})
+    assert good.status_code == 200 and trace_of(good)["path"] == "large"
+
+
+def trace_of(response: httpx.Response) -> dict:
+    return response.json()["tandem"]
+
+
+def test_models_and_health(serve_url):
+    assert httpx.get(f"{serve_url}/healthz").json() == {"status": "ok"}
+    ids = [m.id for m in client(serve_url).models.list().data]
+    assert "tandem" in ids and "tandem:mutual" in ids and len(ids) == 8

@@ -1,0 +1,75 @@
+"""Parsing client requests: every bad input is refused with the right status before any model runs,
+and good ones become exactly the AskRequest the pipeline expects."""
+
+import base64
+import json
+
+import pytest
+
+from tandem.config import load_tandem_config
+from tandem.errors import BadRequest, NotFound, PayloadTooLarge
+from tandem.openai_api import answer_pieces, chat_completion, parse_chat_request, stream_rest
+from tandem.schemas import TandemResult
+
+from tests.conftest import make_png
+
+CFG = load_tandem_config({"http": {"max_images": 2, "max_image_pixels": 100 * 100}, "limits": {"max_request_tokens": 64}})
+
+
+def url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def body(**kw) -> bytes:
+    data = {"model": "tandem", "messages": [{"role": "user", "content": "hi"}], **kw}
+    return json.dumps(data).encode()
+
+
+def test_good_request_with_images_and_turns():
+    img = make_png(0)
+    chat = parse_chat_request(body(model="tandem:always", max_tokens=5, temperature=0.5, stream=True, messages=[
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url(img)}},
+                                     {"type": "text", "text": "How many?"}]}]), CFG)
+    assert chat.ask.images == [img] and chat.ask.policy == "always" and chat.stream
+    assert chat.ask.question == "system: Be brief.\nHow many?"
+    assert (chat.ask.max_tokens, chat.ask.temperature) == (5, 0.5)
+
+
+@pytest.mark.parametrize("raw, error, fragment", [
+    (b"\xff\xfe", BadRequest, "not valid JSON"),
+    (body(model=3), BadRequest, "'model'"),
+    (body(model="tandem:x"), NotFound, "tandem:x"),
+    (body(messages="hi"), BadRequest, "non-empty list"),
+    (body(messages=[{"role": "user", "content": []}]), BadRequest, "content"),
+    (body(messages=[{"role": "user", "content": [{"type": "audio"}]}]), BadRequest, "'audio'"),
+    (body(messages=[{"role": "user", "content": "   "}]), BadRequest, "no text"),
+    (body(max_tokens=0), BadRequest, "max_tokens"), (body(max_tokens=65), BadRequest, "max_tokens"),
+    (body(max_tokens=True), BadRequest, "max_tokens"), (body(temperature=3), BadRequest, "temperature"),
+    (body(temperature="hot"), BadRequest, "temperature"), (body(stream="yes"), BadRequest, "stream"),
+    (body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url(make_png(0))}}] * 3
+                     + [{"type": "text", "text": "q"}]}]), BadRequest, "too many images"),
+    (body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url(make_png(0, 200, 200))}},
+                                                 {"type": "text", "text": "q"}]}]), PayloadTooLarge, "pixels"),
+    (body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,@@"}},
+                                                 {"type": "text", "text": "q"}]}]), BadRequest, "base64"),
+    (body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "/etc/passwd"}},
+                                                 {"type": "text", "text": "q"}]}]), BadRequest, "refused"),
+])
+def test_bad_requests(raw, error, fragment):
+    with pytest.raises(error, match=fragment):
+        parse_chat_request(raw, CFG)
+
+
+def test_responses_carry_usage_trace_and_reassembling_stream():
+    chat = parse_chat_request(body(), CFG, request_id="r1")
+    result = TandemResult(answer="four legs  here", policy="mutual", path="agree", decision=None,
+                          latency_ms={"total": 1.0}, tokens={"large_direct": 3}, transferred_tokens=0,
+                          prompt_tokens=10, completion_tokens=3, images_encoded={})
+    full = chat_completion(result, chat)
+    assert full["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+    assert full["tandem"]["path"] == "agree" and full["id"] == "r1"
+    chunks = stream_rest(result, chat, 0, answer_pieces(result.answer))
+    assert chunks[-1] == "data: [DONE]\n\n"
+    deltas = [json.loads(c[6:])["choices"][0]["delta"].get("content", "") for c in chunks[:-1]]
+    assert "".join(deltas) == result.answer
