@@ -7,6 +7,7 @@ import asyncio
 import os
 
 from pydantic import BaseModel, ConfigDict, Field
+import ray
 from ray import serve
 
 from tandem.config import TandemConfig
@@ -51,7 +52,11 @@ class ModelServer:
         return await asyncio.to_thread(self.engine.generate, requests)
 
     async def generate(self, request: GenerationRequest) -> GenerationOutput:
+        """`request.images` may hold ObjectRefs from the VisionEncoder; they are fetched here, from
+        the object store, so features never pass through the router."""
         try:
+            if any(isinstance(f, ray.ObjectRef) for f in request.images):
+                request.images = list(await asyncio.gather(*request.images))
             return await self._generate_batch(request)
         except asyncio.CancelledError:
             self.cancelled += 1

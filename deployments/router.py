@@ -30,6 +30,7 @@ class Router:
     def __init__(self, vision: DeploymentHandle, small: DeploymentHandle, large: DeploymentHandle,
                  config: TandemConfig):
         self.config = config
+        self.model_handles = {"VisionEncoder": vision, "SmallReasoner": small, "LargeAnswerer": large}
         self.pipeline = Pipeline(config, Stages(
             encode=lambda images, role: vision.encode.remote(images, role),
             small=lambda request: small.generate.remote(request),
@@ -47,6 +48,8 @@ class Router:
         try:
             if request.method == "GET" and path == "/healthz":
                 return JSONResponse({"status": "ok"})
+            if request.method == "GET" and path == "/readyz":
+                return await self._ready()
             if request.method == "GET" and path == "/v1/models":
                 return JSONResponse(openai_api.models_list())
             if request.method == "POST" and path == "/v1/chat/completions":
@@ -60,6 +63,19 @@ class Router:
             logger.exception("tandem request failed: %s %s", request.method, path)
             self.errors.inc(tags={"status": "500"})
             return _error(500, "internal error while answering; see the server log", "internal_error")
+
+    async def _ready(self) -> Response:
+        """200 once every model deployment answers (replicas loaded and warmed up); 503 before."""
+        async def probe(name, h):
+            try:
+                await asyncio.wait_for(h.stats.remote(), 5)
+                return name, True
+            except Exception:  # any failure means not ready; the probe reports which
+                return name, False
+        results = dict(await asyncio.gather(*(probe(n, h) for n, h in self.model_handles.items())))
+        ready = all(results.values())
+        return JSONResponse({"status": "ready" if ready else "starting", "deployments": results},
+                            status_code=200 if ready else 503)
 
     async def _chat(self, request: Request) -> Response:
         body = await self._read_body(request)

@@ -1,5 +1,8 @@
 """VisionEncoder: each model's own vision tower, batched across requests, with an LRU cache of
-features by (model, image digest) so a repeated image is never encoded twice."""
+features by (model, image digest) so a repeated image is never encoded twice.
+
+Features are put into Ray's object store and only their references are returned: the router relays
+references, and each model server fetches the features it needs straight from the store."""
 
 from __future__ import annotations
 
@@ -8,11 +11,11 @@ import os
 from collections import OrderedDict
 
 from pydantic import BaseModel, ConfigDict, Field
+import ray
 from ray import serve
 
 from tandem.config import TandemConfig
 from tandem.images import image_digest
-from tandem.schemas import ImageFeatures
 
 
 class VisionConfig(BaseModel):
@@ -37,7 +40,7 @@ class VisionEncoder:
         self.towers = make_vision_engines(config)
         for tower in self.towers.values():
             tower.warm_up()
-        self.cache: OrderedDict[tuple[str, str], ImageFeatures] = OrderedDict()
+        self.cache: OrderedDict[tuple[str, str], ray.ObjectRef] = OrderedDict()
         self.settings = VisionConfig()
         self.encoded: dict[str, int] = {role: 0 for role in self.towers}
         self.cache_hits = 0
@@ -48,13 +51,14 @@ class VisionEncoder:
         self._encode_batch.set_max_batch_size(self.settings.max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(self.settings.batch_wait_timeout_s)
 
-    async def encode(self, images: list[bytes], model: str) -> list[ImageFeatures]:
+    async def encode(self, images: list[bytes], model: str) -> list[ray.ObjectRef]:
+        """References to each image's features for `model` (a list of ObjectRef[ImageFeatures])."""
         return await self._encode_batch((images, model))
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
-    async def _encode_batch(self, calls: list[tuple[list[bytes], str]]) -> list[list[ImageFeatures]]:
+    async def _encode_batch(self, calls: list[tuple[list[bytes], str]]) -> list[list[ray.ObjectRef]]:
         self.batch_sizes.append(len(calls))
-        found: dict[tuple[str, str], ImageFeatures] = {}
+        found: dict[tuple[str, str], ray.ObjectRef] = {}
         for role in {role for _, role in calls}:
             wanted = {image_digest(b): b for images, r in calls if r == role for b in images}
             missing = {}
@@ -69,14 +73,14 @@ class VisionEncoder:
                 feats = await asyncio.to_thread(self.towers[role].encode_images, list(missing.values()))
                 self.encoded[role] += len(feats)
                 for digest, feat in zip(missing, feats):
-                    found[role, digest] = feat
-                    self._remember((role, digest), feat)
+                    found[role, digest] = ray.put(feat)
+                    self._remember((role, digest), found[role, digest])
         return [[found[role, image_digest(b)] for b in images] for images, role in calls]
 
-    def _remember(self, key, feat) -> None:
+    def _remember(self, key, ref: ray.ObjectRef) -> None:
         if self.settings.feature_cache_size == 0:
             return
-        self.cache[key] = feat
+        self.cache[key] = ref
         while len(self.cache) > self.settings.feature_cache_size:
             self.cache.popitem(last=False)
 

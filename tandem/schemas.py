@@ -41,7 +41,8 @@ class ImageFeatures:
 @dataclass
 class GenerationRequest:
     """One prompt for a model server: the full prompt text with one placeholder per image, and the
-    precomputed features of those images in the order they appear."""
+    precomputed features of those images in the order they appear (under Serve, references to
+    them in the object store until the model server fetches them)."""
 
     prompt: str
     images: list[ImageFeatures] = field(default_factory=list)
