@@ -33,7 +33,9 @@ class ModelConfig(_Strict):
         "think_tags", description="How the model reasons: inside <think>...</think> (Thinking variants) or "
                                   "when asked to in the prompt (Instruct variants).")
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32", description="Weights dtype.")
-    device: str = Field("cpu", description="torch device for this model, e.g. cpu, cuda, cuda:0.")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?|auto)$",
+                        description="torch device: cpu, cuda, cuda:N, or auto (layers spread over all the "
+                                    "GPUs given to the replica, e.g. a 32B model on num_gpus: 2).")
     min_pixels: int = Field(32 * 32, gt=0, description="Images are resized to at least this many pixels.")
     max_pixels: int = Field(256 * 256, gt=0, description="Images are resized to at most this many pixels "
                                                          "(bounds the number of visual tokens).")

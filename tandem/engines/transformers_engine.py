@@ -42,15 +42,17 @@ class TransformersEngine:
         path = resolve_model_ref(config.model)
         self.processor = load_processor(path, trust_remote_code=config.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
+        # device "auto": accelerate spreads the layers over every GPU this replica was given.
+        placement = {"device_map": "auto"} if config.device == "auto" else {}
         model = AutoModelForImageTextToText.from_pretrained(
-            path, dtype=_DTYPES[config.dtype], trust_remote_code=config.trust_remote_code)
+            path, dtype=_DTYPES[config.dtype], trust_remote_code=config.trust_remote_code, **placement)
         # A server that only encodes drops the decoder, and one that only generates drops the tower.
         if not language:
             model.model.language_model, model.lm_head = None, None
         if not vision:
             model.model.visual = None
-        self.model = model.to(config.device).eval()
-        self.device = torch.device(config.device)
+        self.model = (model if placement else model.to(config.device)).eval()
+        self.device = self.model.device if placement else torch.device(config.device)
         self.image_token_id = self.processor.image_token_id
         self.merge_size = self.processor.image_processor.merge_size
         self.stop_token_ids = self._stop_token_ids()
