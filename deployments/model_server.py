@@ -23,11 +23,12 @@ class BatchingConfig(BaseModel):
 
 
 def make_generation_engine(config: TandemConfig, role: str):
+    limit = config.limits.max_prompt_tokens
     if config.engine == "fake":
         from tandem.engines.fake import FakeEngine
-        return FakeEngine(role)
+        return FakeEngine(role, max_prompt_tokens=limit)
     from tandem.engines.transformers_engine import TransformersEngine
-    return TransformersEngine(config.model(role), name=role, vision=False)
+    return TransformersEngine(config.model(role), name=role, vision=False, max_prompt_tokens=limit)
 
 
 class ModelServer:
@@ -57,6 +58,7 @@ class ModelServer:
         try:
             if any(isinstance(f, ray.ObjectRef) for f in request.images):
                 request.images = list(await asyncio.gather(*request.images))
+            self.engine.validate(request)
             return await self._generate_batch(request)
         except asyncio.CancelledError:
             self.cancelled += 1

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tandem import openai_api
+from tandem.auth import check_authorization, load_api_keys
 from tandem.config import TandemConfig
 from tandem.errors import Overloaded, PayloadTooLarge, StageTimeout, TandemError
 from tandem.pipeline import Pipeline, Stages
@@ -30,6 +31,7 @@ class Router:
     def __init__(self, vision: DeploymentHandle, small: DeploymentHandle, large: DeploymentHandle,
                  config: TandemConfig):
         self.config = config
+        self.api_keys = load_api_keys(config.http)
         self.model_handles = {"VisionEncoder": vision, "SmallReasoner": small, "LargeAnswerer": large}
         self.pipeline = Pipeline(config, Stages(
             encode=lambda images, role: vision.encode.remote(images, role),
@@ -50,6 +52,7 @@ class Router:
                 return JSONResponse({"status": "ok"})
             if request.method == "GET" and path == "/readyz":
                 return await self._ready()
+            check_authorization(request.headers.get("authorization"), self.api_keys)
             if request.method == "GET" and path == "/v1/models":
                 return JSONResponse(openai_api.models_list())
             if request.method == "POST" and path == "/v1/chat/completions":
@@ -58,6 +61,8 @@ class Router:
         except TandemError as err:
             self.errors.inc(tags={"status": str(err.status)})
             headers = {"Retry-After": str(int(err.retry_after_s or 1))} if err.status in (429, 503) else None
+            if err.status == 401:
+                headers = {"WWW-Authenticate": "Bearer"}
             return JSONResponse(err.to_openai(), status_code=err.status, headers=headers)
         except Exception:  # the edge: a downstream failure is a clean 500, logged once, never a crash
             logger.exception("tandem request failed: %s %s", request.method, path)
@@ -79,7 +84,9 @@ class Router:
 
     async def _chat(self, request: Request) -> Response:
         body = await self._read_body(request)
-        chat = openai_api.parse_chat_request(body, self.config, request_id=f"chatcmpl-{uuid.uuid4().hex[:24]}")
+        # Parsing decodes images (and may fetch allow-listed ones): off the event loop.
+        chat = await asyncio.to_thread(openai_api.parse_chat_request, body, self.config,
+                                       f"chatcmpl-{uuid.uuid4().hex[:24]}")
         if chat.stream:
             return StreamingResponse(self._stream(chat), media_type="text/event-stream")
         result = await self._answer(chat)

@@ -60,6 +60,9 @@ class PolicyConfig(_Strict):
     speculative: bool = Field(False, description="`mutual`: start the small model's reasoning during "
                                                  "stage 1 and cancel it when the answers agree.")
     seed: int = Field(0, description="Seed of the `random` policy's draws.")
+    on_small_failure: Literal["degrade", "fail"] = Field(
+        "degrade", description="When the small reasoner fails or times out: answer with the large model and "
+                               "mark the answer degraded, or fail the request.")
 
 
 class SelectorConfig(_Strict):
@@ -78,6 +81,8 @@ class GenerationLimits(_Strict):
     reasoning_max_tokens: int = Field(128, gt=0, le=32768, description="Reasoning before an answer.")
     max_request_tokens: int = Field(256, gt=0, le=32768,
                                     description="Most tokens a client may ask for through max_tokens.")
+    max_prompt_tokens: int = Field(4096, gt=0, description="Longest prompt a model server accepts (400 above).")
+    stage_timeout_s: float = Field(60.0, gt=0, description="Deadline of each stage call (504 naming the stage).")
 
 
 class HttpConfig(_Strict):
@@ -90,7 +95,12 @@ class HttpConfig(_Strict):
     max_question_chars: int = Field(8000, gt=0, description="Longest text across a request's messages.")
     allowed_image_hosts: tuple[str, ...] = Field(
         (), description="Hosts whose http(s) image URLs may be fetched. Empty: remote URLs are refused.")
+    image_fetch_timeout_s: float = Field(5.0, gt=0, description="Connect and read timeout of a remote image.")
     request_timeout_s: float = Field(120.0, gt=0, description="Whole-request deadline (504 past it).")
+    api_keys_env: str | None = Field(None, description="Environment variable holding comma-separated API keys; "
+                                                      "when set, requests need 'Authorization: Bearer <key>'.")
+    api_keys_file: str | None = Field(None, description="File of API keys, one per line (alternative to the "
+                                                       "environment variable).")
 
 
 class TandemConfig(_Strict):

@@ -17,11 +17,13 @@ from tandem.schemas import AskRequest, TandemResult
 
 def load_engines(config: TandemConfig) -> dict:
     """One engine per role, serving both its vision tower and its decoder; one load per checkpoint."""
+    limit = config.limits.max_prompt_tokens
     if config.engine == "fake":
-        return {role: FakeEngine(role) for role in ("small", "large")}
+        return {role: FakeEngine(role, max_prompt_tokens=limit) for role in ("small", "large")}
     from tandem.engines.transformers_engine import TransformersEngine
 
-    return {role: TransformersEngine(config.model(role), name=role) for role in ("small", "large")}
+    return {role: TransformersEngine(config.model(role), name=role, max_prompt_tokens=limit)
+            for role in ("small", "large")}
 
 
 def local_stages(engines: dict) -> Stages:
@@ -32,6 +34,7 @@ def local_stages(engines: dict) -> Stages:
 
     def generate_with(engine):
         async def generate(request):
+            engine.validate(request)
             return (await asyncio.to_thread(engine.generate, [request]))[0]
         return generate
 

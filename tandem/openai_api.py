@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from tandem.config import POLICY_NAMES, HttpConfig, TandemConfig
-from tandem.errors import BadRequest, NotFound, PayloadTooLarge
+from tandem.errors import BadRequest, NotFound, PayloadTooLarge, TandemError
+from tandem.fetch import fetch_image
 from tandem.images import decode_image
 from tandem.schemas import AskRequest, TandemResult
 
@@ -148,10 +149,13 @@ def _load_image(image_url: object, where: str, http: HttpConfig) -> bytes:
             data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
             raise BadRequest(f"{where}: image data URL is not valid base64", param="messages") from None
+    elif http.allowed_image_hosts and urlparse(url).scheme.lower() in ("http", "https"):
+        try:
+            data = fetch_image(url, allowed_hosts=http.allowed_image_hosts, timeout_s=http.image_fetch_timeout_s,
+                               max_bytes=http.max_image_bytes)
+        except TandemError as err:
+            raise type(err)(f"{where}: {err.message}", param="messages") from None
     else:
-        scheme, host = urlparse(url).scheme.lower(), (urlparse(url).hostname or "").lower()
-        if scheme in ("http", "https") and host and host in http.allowed_image_hosts:
-            raise BadRequest(f"{where}: fetching remote images is not implemented yet", param="messages")
         raise BadRequest(f"{where}: only base64 data:image/... URLs are accepted (remote and local URLs are "
                          "refused unless an operator allow-lists their host)", param="messages")
     decode_image(data, max_bytes=http.max_image_bytes, max_pixels=http.max_image_pixels)

@@ -17,7 +17,7 @@ from typing import Awaitable, Callable
 
 from tandem import prompts
 from tandem.config import POLICY_NAMES, TandemConfig
-from tandem.errors import NotFound
+from tandem.errors import NotFound, StageTimeout
 from tandem.policies import ROLES_ALWAYS_USED, decide_confidence, decide_mutual, decide_random
 from tandem.schemas import (AskRequest, Decision, GenerationOutput, GenerationRequest, ImageFeatures,
                             SamplingParams, TandemResult)
@@ -48,9 +48,21 @@ class Pipeline:
             raise NotFound(f"unknown policy '{policy}'; known: {', '.join(POLICY_NAMES)}", param="model")
         run = _Run(self, request, policy)
         start = self.clock()
-        path, final, decision = await getattr(run, f"policy_{policy}")()
+        try:
+            path, final, decision = await getattr(run, f"policy_{policy}")()
+        except _SmallFailed as failed:
+            if self.config.policy.on_small_failure == "fail":
+                raise failed.__cause__ from None
+            # The small model is down or failing: answer with the large model alone, and say so.
+            run.degraded = True
+            decision = Decision(False, f"small model failed: {type(failed.__cause__).__name__}: {failed.__cause__}")
+            path, final = "large", await run.direct("large")
         run.latency_ms["total"] = (self.clock() - start) * 1000
         return run.result(path, final, decision)
+
+
+class _SmallFailed(Exception):
+    """A small-model stage failed; raised from the original error, which is its __cause__."""
 
 
 class _Run:
@@ -65,7 +77,9 @@ class _Run:
         self.images_encoded: dict[str, int] = {}
         self.transferred_tokens = 0
         self.excerpt = ""
+        self.degraded = False
         self._features: dict[str, asyncio.Future] = {}
+        self._direct: dict[str, asyncio.Future] = {}
         for role in ROLES_ALWAYS_USED[policy]:
             self.features(role)
 
@@ -75,11 +89,24 @@ class _Run:
             self._features[role] = asyncio.ensure_future(self._encode(role))
         return self._features[role]
 
+    async def _call(self, stage: str, role: str, call: Awaitable):
+        """Await one stage call under the stage deadline; a small-model failure is marked as such."""
+        timeout = self.cfg.limits.stage_timeout_s
+        try:
+            try:
+                return await asyncio.wait_for(call, timeout)
+            except asyncio.TimeoutError:
+                raise StageTimeout(f"stage '{stage}' exceeded its {timeout} s deadline", param=stage) from None
+        except Exception as err:
+            if role == "small":
+                raise _SmallFailed(stage) from err
+            raise
+
     async def _encode(self, role: str) -> list[ImageFeatures]:
         if not self.req.images:
             return []
         start = self.p.clock()
-        feats = await self.p.stages.encode(self.req.images, role)
+        feats = await self._call(f"encode_{role}", role, self.p.stages.encode(self.req.images, role))
         self.latency_ms[f"encode_{role}"] = (self.p.clock() - start) * 1000
         self.images_encoded[role] = self.images_encoded.get(role, 0) + len(self.req.images)
         return feats
@@ -91,7 +118,7 @@ class _Run:
                                     sampling=SamplingParams(max_tokens=max_tokens,
                                                             temperature=self.req.temperature, stop=stop))
         start = self.p.clock()
-        out = await getattr(self.p.stages, role)(request)
+        out = await self._call(stage, role, getattr(self.p.stages, role)(request))
         self.latency_ms[stage] = (self.p.clock() - start) * 1000
         self.tokens[stage] = out.completion_tokens
         self.prompt_tokens += out.prompt_tokens
@@ -108,9 +135,14 @@ class _Run:
     def n_images(self) -> int:
         return len(self.req.images)
 
-    async def direct(self, role: str) -> GenerationOutput:
-        prompt = prompts.direct_prompt(self.req.question, self.n_images, self.fmt(role))
-        return await self.generate(f"{role}_direct", role, prompt, self.answer_tokens)
+    def direct(self, role: str) -> asyncio.Future:
+        """The role's direct answer, started once per request: a degraded fallback after a small-model
+        failure reuses the large model's stage-1 answer instead of generating it again."""
+        if role not in self._direct:
+            prompt = prompts.direct_prompt(self.req.question, self.n_images, self.fmt(role))
+            self._direct[role] = asyncio.ensure_future(
+                self.generate(f"{role}_direct", role, prompt, self.answer_tokens))
+        return self._direct[role]
 
     async def reason(self, role: str) -> tuple[str, list[str], str]:
         """Reasoning only: returns (prompt, reasoning token texts, reasoning text)."""
@@ -182,4 +214,4 @@ class _Run:
             latency_ms=self.latency_ms, tokens=self.tokens, transferred_tokens=self.transferred_tokens,
             prompt_tokens=self.prompt_tokens, completion_tokens=sum(self.tokens.values()),
             images_encoded=self.images_encoded, finish_reason=final.finish_reason,
-            reasoning_excerpt=self.excerpt, request_id=self.req.request_id)
+            reasoning_excerpt=self.excerpt, request_id=self.req.request_id, degraded=self.degraded)

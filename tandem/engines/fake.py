@@ -7,6 +7,7 @@ import hashlib
 import time
 from typing import Callable
 
+from tandem.errors import BadRequest
 from tandem.images import image_digest
 from tandem.prompts import IMAGE_PAD
 from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures
@@ -21,8 +22,9 @@ def default_rule(prompt: str) -> str:
 
 class FakeEngine:
     def __init__(self, name: str, rule: Callable[[str], str] = default_rule, logprob: float = -0.1,
-                 delay_s: float = 0.0):
+                 delay_s: float = 0.0, max_prompt_tokens: int = 4096):
         self.name, self.rule, self.logprob, self.delay_s = name, rule, logprob, delay_s
+        self.max_prompt_tokens = max_prompt_tokens
         self.encoded: list[str] = []  # digests of the images encoded, in order
         self.batches: list[list[GenerationRequest]] = []
 
@@ -33,6 +35,10 @@ class FakeEngine:
         self.encoded.extend(image_digest(b) for b in images)
         return [ImageFeatures(model=model or self.name, embeds=image_digest(b), deepstack=[], grid_thw=(1, 2, 2),
                               merge_size=1) for b in images]
+
+    def validate(self, request: GenerationRequest) -> None:
+        if len(request.prompt) // 4 > self.max_prompt_tokens:
+            raise BadRequest(f"prompt is over {self.max_prompt_tokens} tokens", param="messages")
 
     def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
         self.batches.append(list(batch))

@@ -22,6 +22,10 @@ class GenerationEngine(Protocol):
     def warm_up(self) -> None:
         """Run once before serving, so no client pays a cold start."""
 
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise BadRequest if this request can't run (prompt over the token limit, placeholders
+        and features that differ): checked alone, so one bad request never fails a whole batch."""
+
     def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
         """One output per request, in order. Requests may differ in sampling parameters."""
 

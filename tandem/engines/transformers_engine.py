@@ -17,6 +17,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDe
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
+from tandem.errors import BadRequest
 from tandem.images import decode_image
 from tandem.processors import load_processor
 from tandem.prompts import IMAGE_PAD, IMAGE_PLACEHOLDER
@@ -37,8 +38,9 @@ class _StepClock(LogitsProcessor):
 
 
 class TransformersEngine:
-    def __init__(self, config: ModelConfig, *, name: str, vision: bool = True, language: bool = True):
-        self.config, self.name = config, name
+    def __init__(self, config: ModelConfig, *, name: str, vision: bool = True, language: bool = True,
+                 max_prompt_tokens: int = 4096):
+        self.config, self.name, self.max_prompt_tokens = config, name, max_prompt_tokens
         path = resolve_model_ref(config.model)
         self.processor = load_processor(path, trust_remote_code=config.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
@@ -104,13 +106,19 @@ class TransformersEngine:
                 outputs[i] = out
         return outputs  # type: ignore[return-value]
 
+    def validate(self, request: GenerationRequest) -> None:
+        n = len(self.tokenizer(self._expand_placeholders(request))["input_ids"])
+        if n > self.max_prompt_tokens:
+            raise BadRequest(f"prompt is {n} tokens for model '{self.name}'; the limit is {self.max_prompt_tokens}",
+                             param="messages")
+
     def _expand_placeholders(self, request: GenerationRequest) -> str:
         parts = request.prompt.split(IMAGE_PAD)
         if len(parts) - 1 != len(request.images):
-            raise ValueError(f"prompt has {len(parts) - 1} image placeholders for {len(request.images)} images")
+            raise BadRequest(f"prompt has {len(parts) - 1} image placeholders for {len(request.images)} images")
         for feat in request.images:
             if feat.model != self.name:
-                raise ValueError(f"features from model '{feat.model}' sent to model '{self.name}'")
+                raise BadRequest(f"features from model '{feat.model}' sent to model '{self.name}'")
         pads = [IMAGE_PAD * f.num_tokens for f in request.images] + [""]
         return "".join(p + pad for p, pad in zip(parts, pads))
 

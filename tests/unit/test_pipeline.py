@@ -177,7 +177,56 @@ async def test_mutual_stage_one_runs_both_models_concurrently_and_cancels_specul
     cfg = load_tandem_config({"policy": {"speculative": True}})
     result = await Pipeline(cfg, _gated_stages(log)).answer(
         AskRequest(question="Q?", images=IMAGES, policy="mutual"))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0.05)  # let the cancellation reach the stage
     assert result.path == "agree" and result.decision.inputs["speculative"] is True
     assert ("small", "reasoning") in log and ("small", "cancelled") in log
     assert log.count(("encode", "small")) == 1 and log.count(("encode", "large")) == 1
+
+
+class Failing(FakeEngine):
+    def generate(self, batch):
+        raise RuntimeError("replica died")
+
+
+def make_failing_small(config=None):
+    engines = {"small": Failing("small"), "large": FakeEngine("large", rule("B"))}
+    return Pipeline(config or TandemConfig(), local_stages(engines)), engines
+
+
+@pytest.mark.parametrize("policy", ["mutual", "always", "small", "confidence"])
+async def test_small_failure_degrades_to_the_large_model(policy):
+    cfg = load_tandem_config({"policy": {"confidence_threshold": 1.0}})  # confidence always transfers
+    pipeline, eng = make_failing_small(cfg)
+    result = await ask(pipeline, policy)
+    assert (result.path, result.degraded, result.answer) == ("large", True, "B")
+    assert "RuntimeError: replica died" in result.decision.reason
+    assert result.trace()["degraded"] is True
+    assert len(prompts_sent(eng["large"])) == 1  # mutual reuses its stage-1 large answer
+
+
+async def test_small_failure_fails_the_request_when_configured():
+    pipeline, _ = make_failing_small(load_tandem_config({"policy": {"on_small_failure": "fail"}}))
+    with pytest.raises(RuntimeError, match="replica died"):
+        await ask(pipeline, "mutual")
+
+
+async def test_large_failure_is_not_masked():
+    engines = {"small": FakeEngine("small", rule("A")), "large": Failing("large")}
+    with pytest.raises(RuntimeError, match="replica died"):
+        await ask(Pipeline(TandemConfig(), local_stages(engines)), "mutual")
+
+
+async def test_a_slow_stage_times_out_naming_the_stage():
+    from tandem.errors import StageTimeout
+    cfg = load_tandem_config({"limits": {"stage_timeout_s": 0.05}, "policy": {"on_small_failure": "fail"}})
+    engines = {"small": FakeEngine("small", rule("A")), "large": FakeEngine("large", rule("B"), delay_s=0.5)}
+    with pytest.raises(StageTimeout, match="stage 'large_direct' exceeded") as err:
+        await ask(Pipeline(cfg, local_stages(engines)), "large")
+    assert err.value.status == 504
+
+
+async def test_a_slow_small_stage_degrades_under_its_deadline():
+    cfg = load_tandem_config({"limits": {"stage_timeout_s": 0.1}})
+    engines = {"small": FakeEngine("small", rule("A"), delay_s=1.0), "large": FakeEngine("large", rule("B"))}
+    result = await ask(Pipeline(cfg, local_stages(engines)), "mutual")
+    assert result.degraded and "StageTimeout" in result.decision.reason and "small_direct" in result.decision.reason

@@ -6,6 +6,7 @@ import torch
 
 from tandem import prompts
 from tandem.config import ModelConfig
+from tandem.errors import BadRequest
 from tandem.engines.transformers_engine import TransformersEngine
 from tandem.schemas import GenerationRequest, SamplingParams
 
@@ -66,5 +67,17 @@ def test_stop_string_cuts_the_text(engine, png):
 def test_features_of_another_model_are_refused(engine, png):
     feats = engine.encode_images([png(0)])
     feats[0].model = "small"
-    with pytest.raises(ValueError, match="features from model 'small'"):
+    with pytest.raises(BadRequest, match="features from model 'small'"):
         engine.generate([GenerationRequest(prompts.direct_prompt("Q", 1, "prompted"), feats)])
+
+
+def test_validate_refuses_prompts_over_the_token_limit(engine, png):
+    feats = engine.encode_images([png(0)])
+    request = GenerationRequest(prompts.direct_prompt("word " * 50, 1, "prompted"), feats)
+    engine.validate(request)  # within the default limit
+    engine.max_prompt_tokens = 40
+    try:
+        with pytest.raises(BadRequest, match="the limit is 40"):
+            engine.validate(request)
+    finally:
+        engine.max_prompt_tokens = 4096
