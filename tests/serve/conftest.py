@@ -1,7 +1,8 @@
 """One local Ray cluster and Serve instance for the whole Serve test session, with two Tandem apps
 deployed from serve_config.yaml through the controller's config path (what `serve deploy` does):
 `tandem` (tiny small + tiny large: they disagree) and `agree` (the same tiny checkpoint in both
-roles: greedy answers agree). Torn down at the end."""
+roles: greedy answers agree; API keys on; its LargeAnswerer admits one request and queues one more,
+so overload is easy to provoke). Torn down at the end."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_BATCH = {"max_batch_size": 8, "batch_wait_timeout_s": 0.05}
+API_KEY = "test-key-1"
 
 
 def _free_port() -> int:
@@ -34,6 +36,11 @@ def app_configs(large_batch: dict | None = None) -> list[dict]:
     agree = copy.deepcopy(tandem)
     agree.update(name="agree", route_prefix="/agree")
     agree["args"]["small"] = {"model": "tiny:large", "reasoning_format": "prompted"}
+    agree["args"]["http"] = dict(agree["args"]["http"], api_keys_env="TANDEM_API_KEYS")
+    agree["runtime_env"] = {"env_vars": dict(agree["runtime_env"]["env_vars"], TANDEM_API_KEYS=f"{API_KEY},other")}
+    for dep in agree["deployments"]:
+        if dep["name"] == "LargeAnswerer":
+            dep.update(max_ongoing_requests=1, max_queued_requests=1)
     return [tandem, agree]
 
 
