@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 
@@ -81,6 +82,9 @@ class Router:
         ready = all(results.values())
         return JSONResponse({"status": "ready" if ready else "starting", "deployments": results},
                             status_code=200 if ready else 503)
+
+    def stats(self) -> dict:
+        return {"pid": os.getpid()}
 
     async def _chat(self, request: Request) -> Response:
         body = await self._read_body(request)

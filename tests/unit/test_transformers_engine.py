@@ -81,3 +81,21 @@ def test_validate_refuses_prompts_over_the_token_limit(engine, png):
             engine.validate(request)
     finally:
         engine.max_prompt_tokens = 4096
+
+
+def test_trust_remote_code_stays_off_unless_configured(monkeypatch):
+    """Code shipped inside a checkpoint must not run because a config forgot to say no."""
+    import tandem.engines.transformers_engine as te
+
+    seen = []
+
+    def record(path, **kwargs):
+        seen.append(kwargs.get("trust_remote_code"))
+        raise RuntimeError("stop after recording")
+
+    monkeypatch.setattr(te.AutoModelForImageTextToText, "from_pretrained", record)
+    for config, expected in ((ModelConfig(model="tiny:small"), False),
+                             (ModelConfig(model="tiny:small", trust_remote_code=True), True)):
+        with pytest.raises(RuntimeError, match="stop after recording"):
+            TransformersEngine(config, name="small")
+        assert seen[-1] is expected

@@ -1,0 +1,36 @@
+"""Pure summaries shared by the benchmarks: percentiles, latency summaries, drift. No I/O."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Iterable, Sequence
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) by linear interpolation between closest ranks; NaN when empty."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is outside 0..100")
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarize_latencies(latencies_ms: Sequence[float]) -> dict[str, float]:
+    return {"n": len(latencies_ms), "mean_ms": sum(latencies_ms) / len(latencies_ms) if latencies_ms else math.nan,
+            "p50_ms": percentile(latencies_ms, 50), "p95_ms": percentile(latencies_ms, 95),
+            "p99_ms": percentile(latencies_ms, 99), "max_ms": max(latencies_ms) if latencies_ms else math.nan}
+
+
+def count_statuses(statuses: Iterable[int | str]) -> dict[str, int]:
+    return {str(k): v for k, v in sorted(Counter(statuses).items(), key=lambda kv: str(kv[0]))}
+
+
+def drift(first: float, last: float) -> float:
+    """last / first (1.0 = no drift); NaN when either is missing or first is zero."""
+    if not first or math.isnan(first) or math.isnan(last):
+        return math.nan
+    return last / first

@@ -1,0 +1,32 @@
+"""Benchmark arithmetic: a wrong percentile misreports every latency figure the project publishes."""
+
+import math
+
+import pytest
+
+from benchmarks.metrics import count_statuses, drift, percentile, summarize_latencies
+
+
+@pytest.mark.parametrize("values, q, expected", [
+    ([1, 2, 3, 4, 5], 50, 3), ([1, 2, 3, 4], 50, 2.5), ([10], 99, 10), ([1, 2, 3, 4, 5], 0, 1),
+    ([1, 2, 3, 4, 5], 100, 5), ([5, 1, 4, 2, 3], 25, 2), (list(range(101)), 95, 95), ([0, 10], 90, 9),
+])
+def test_percentile(values, q, expected):
+    assert percentile(values, q) == pytest.approx(expected)
+
+
+def test_percentile_edges():
+    assert math.isnan(percentile([], 50))
+    with pytest.raises(ValueError):
+        percentile([1], 101)
+
+
+def test_summary_and_counts():
+    s = summarize_latencies([10.0, 20.0, 30.0, 40.0])
+    assert (s["n"], s["mean_ms"], s["p50_ms"], s["max_ms"]) == (4, 25.0, 25.0, 40.0)
+    assert math.isnan(summarize_latencies([])["p50_ms"])
+    assert count_statuses([200, 200, 503, "timeout"]) == {"200": 2, "503": 1, "timeout": 1}
+
+
+def test_drift():
+    assert drift(100, 150) == 1.5 and math.isnan(drift(0, 5)) and math.isnan(drift(math.nan, 1))
