@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import io
 import json
 import os
 import platform
@@ -25,35 +23,25 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.client import ROOT, LocalApps, chat_body, post_chat, synthetic_png
 from benchmarks.metrics import count_statuses, drift, summarize_latencies
-
-ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("mutual", "large", "always", "confidence")
-
-
-def synthetic_png(seed: int) -> str:
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.RandomState(seed)
-    size = (int(rng.randint(48, 160)), int(rng.randint(48, 160)))
-    buf = io.BytesIO()
-    Image.fromarray((rng.rand(size[1], size[0], 3) * 255).astype("uint8")).save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def request_body(i: int, rng: random.Random) -> dict:
     seed = rng.randrange(16) if rng.random() < 0.5 else 1000 + i  # half repeat a small set of images
-    return {"model": f"tandem:{POLICIES[i % len(POLICIES)]}", "max_tokens": 8, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": synthetic_png(seed)}},
-        {"type": "text", "text": f"Question {i}: how many shapes are there?"}]}]}
+    return chat_body(POLICIES[i % len(POLICIES)], f"Question {i}: how many shapes are there?", synthetic_png(seed))
 
 
 class ReplicaMemory:
-    """Resident memory of each replica of the locally started app, by deployment."""
+    """Resident memory of each replica of the locally started app, by deployment. Joins the app's
+    local Ray cluster as a driver only to ask each deployment for its replica's pid."""
 
     def __init__(self, app: str = "tandem"):
+        import ray
         from ray import serve
+
+        ray.init(address="auto", log_to_driver=False)
 
         self.handles = {d: serve.get_deployment_handle(d, app_name=app)
                         for d in ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")}
@@ -76,16 +64,8 @@ async def run_load(url: str, duration_s: float, concurrency: int, window_s: floa
 
     async def client(http: httpx.AsyncClient):
         while time.monotonic() - start < duration_s:
-            body = request_body(next(counter), rng)
-            t0 = time.monotonic()
-            try:
-                r = await http.post(f"{url}/v1/chat/completions", json=body)
-                status: int | str = r.status_code
-            except httpx.TimeoutException:
-                status = "timeout"
-            except httpx.HTTPError as err:
-                status = type(err).__name__
-            records.append((time.monotonic() - start, (time.monotonic() - t0) * 1000, status))
+            o = await post_chat(http, url, request_body(next(counter), rng), start)
+            records.append((o.finished_s, o.latency_ms, o.status))
 
     async def sampler():
         next_edge = window_s
@@ -145,22 +125,6 @@ def plot(windows: list[dict], path: Path) -> None:
     fig.savefig(path)
 
 
-def start_local_app():
-    import ray
-    import yaml
-    from ray import serve
-
-    from tandem.config import load_tandem_config
-    from deployments.app import bind_app  # noqa: the soak starts the app itself only in this mode
-
-    app = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
-    options = {d["name"]: {k: v for k, v in d.items() if k != "name"} for d in app["deployments"]}
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": 8020})
-    serve.run(bind_app(load_tandem_config(app["args"]), options), name="tandem", route_prefix="/")
-    return "http://127.0.0.1:8020"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="a running endpoint; default: start serve_config.yaml locally")
@@ -172,10 +136,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    url, memory = args.url, None
-    if not url:
-        url = start_local_app()
-        memory = ReplicaMemory()
+    if args.url:
+        return report(args, args.url, None)
+    with LocalApps():
+        return report(args, "http://127.0.0.1:8020", ReplicaMemory())
+
+
+def report(args, url: str, memory) -> int:
     print(f"soak: {url}, {args.duration_s:.0f} s, concurrency {args.concurrency}, window {args.window_s:.0f} s, "
           f"policies {','.join(POLICIES)}; {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
     print(f"{'t_s':>7} {'n':>6} {'p50_ms':>8} {'p95_ms':>8} {'p99_ms':>8}  {'statuses':<28} rss_mb")
@@ -187,11 +154,6 @@ def main(argv=None) -> int:
     plot(windows, out / "soak.png")
     print(f"results: {out}")
     print(json.dumps(summary))
-    if not args.url:
-        from ray import serve
-        import ray
-        serve.shutdown()
-        ray.shutdown()
     return 0
 
 

@@ -15,7 +15,7 @@ from tandem.errors import ConfigError
 
 PolicyName = Literal["large", "small", "large_reasoning", "always", "mutual", "confidence", "random"]
 POLICY_NAMES: tuple[str, ...] = PolicyName.__args__  # type: ignore[attr-defined]
-SelectorName = Literal["full", "budget"]
+SelectorName = Literal["full", "budget", "attention"]
 # The Serve deployments a config may name (deployments/app.py binds exactly these).
 DEPLOYMENT_NAMES: tuple[str, ...] = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
 
@@ -68,10 +68,12 @@ class PolicyConfig(_Strict):
 class SelectorConfig(_Strict):
     """What part of the small model's reasoning is transferred to the large model."""
 
-    kind: SelectorName = Field("budget", description="full: all of it; budget: head and tail under budget.")
+    kind: SelectorName = Field("budget", description="full: all of it; budget: head and tail under budget; "
+                                                     "attention: the spans the small model's answer attended to most.")
     budget_tokens: int = Field(128, gt=0, description="Most reasoning tokens transferred.")
     head_fraction: float = Field(0.5, ge=0.0, le=1.0, description="`budget`: share of the budget taken "
                                                                    "from the start of the reasoning.")
+    span_tokens: int = Field(16, gt=0, description="`attention`: reasoning is scored in spans of this many tokens.")
 
 
 class GenerationLimits(_Strict):

@@ -112,9 +112,9 @@ class _Run:
         return feats
 
     async def generate(self, stage: str, role: str, prompt: str, max_tokens: int,
-                       stop: tuple[str, ...] = ()) -> GenerationOutput:
+                       stop: tuple[str, ...] = (), attend_to: str | None = None) -> GenerationOutput:
         feats = await self.features(role)
-        request = GenerationRequest(prompt=prompt, images=feats, request_id=self.req.request_id,
+        request = GenerationRequest(prompt=prompt, images=feats, request_id=self.req.request_id, attend_to=attend_to,
                                     sampling=SamplingParams(max_tokens=max_tokens,
                                                             temperature=self.req.temperature, stop=stop))
         start = self.p.clock()
@@ -158,9 +158,17 @@ class _Run:
         return await self.generate(f"{role}_answer", role, follow, self.answer_tokens)
 
     async def transfer(self, reasoning: Awaitable[tuple[str, list[str], str]] | None = None) -> GenerationOutput:
-        _, token_texts, _ = await (reasoning or self.reason("small"))
+        prompt, token_texts, text = await (reasoning or self.reason("small"))
+        scores = None
+        if self.cfg.selector.kind == "attention":
+            # The small model answers after its reasoning; what that answer attended to is what matters.
+            fmt = self.fmt("small")
+            segment = prompts.sanitize(text).rstrip()
+            out = await self.generate("small_answer", "small", prompts.answer_after_reasoning(prompt, text, fmt),
+                                      self.answer_tokens, attend_to=segment)
+            token_texts, scores = out.span_token_texts, out.span_scores
         start = self.p.clock()
-        selection = select_reasoning(token_texts, self.cfg.selector)
+        selection = select_reasoning(token_texts, self.cfg.selector, scores)
         self.latency_ms["selector"] = (self.p.clock() - start) * 1000
         self.transferred_tokens, self.excerpt = selection.token_count, selection.text
         prompt = prompts.transfer_prompt(self.req.question, self.n_images, selection.text, self.fmt("large"))

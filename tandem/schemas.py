@@ -48,6 +48,9 @@ class GenerationRequest:
     images: list[ImageFeatures] = field(default_factory=list)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = ""
+    # A segment of the prompt (the small model's reasoning) whose tokens should be scored by the
+    # attention the generated answer pays them; for the `attention` selector.
+    attend_to: str | None = None
 
 
 @dataclass
@@ -62,6 +65,8 @@ class GenerationOutput:
     latency_ms: float
     ttft_ms: float
     batch_size: int = 1
+    span_token_texts: list[str] = field(default_factory=list)  # the `attend_to` segment, tokenised
+    span_scores: list[float] = field(default_factory=list)  # attention paid to each of those tokens
 
 
 @dataclass

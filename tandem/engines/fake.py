@@ -54,7 +54,13 @@ class FakeEngine:
         words = words[: request.sampling.max_tokens]
         texts = [w if i == 0 else " " + w for i, w in enumerate(words)]
         ids = [int(hashlib.md5(w.encode()).hexdigest()[:6], 16) for w in words]
-        return GenerationOutput(text="".join(texts), token_ids=ids, token_texts=texts,
-                                logprobs=[self.logprob] * len(ids), prompt_tokens=len(request.prompt) // 4,
-                                completion_tokens=len(ids), finish_reason=finish, latency_ms=self.delay_s * 1000,
-                                ttft_ms=0.0, batch_size=batch_size)
+        out = GenerationOutput(text="".join(texts), token_ids=ids, token_texts=texts,
+                               logprobs=[self.logprob] * len(ids), prompt_tokens=len(request.prompt) // 4,
+                               completion_tokens=len(ids), finish_reason=finish, latency_ms=self.delay_s * 1000,
+                               ttft_ms=0.0, batch_size=batch_size)
+        if request.attend_to is not None:
+            # A stand-in for attention: words with a digit in them are the ones "looked at".
+            seg = request.attend_to.split(" ")
+            out.span_token_texts = [w if i == 0 else " " + w for i, w in enumerate(seg)]
+            out.span_scores = [1.0 if any(c.isdigit() for c in w) else 0.1 for w in seg]
+        return out

@@ -155,8 +155,37 @@ class TransformersEngine:
         latency_ms = (time.perf_counter() - start) * 1000
         ttft_ms = ((clock.times[0] if clock.times else time.perf_counter()) - start) * 1000
         logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1) if out.logits else None
-        return [self._output(r, i, out.sequences[i, prompt_len:], logprobs, inputs, latency_ms, ttft_ms, len(batch))
-                for i, r in enumerate(batch)]
+        outputs = [self._output(r, i, out.sequences[i, prompt_len:], logprobs, inputs, latency_ms, ttft_ms, len(batch))
+                   for i, r in enumerate(batch)]
+        for request, output in zip(batch, outputs):
+            if request.attend_to is not None:
+                output.span_token_texts, output.span_scores = self._attention_over(request, output.text)
+        return outputs
+
+    def _attention_over(self, request: GenerationRequest, answer: str) -> tuple[list[str], list[float]]:
+        """Tokens of `request.attend_to` within the prompt, each with the attention the answer's tokens
+        paid it (mean over layers, heads and answer positions). One eager forward over prompt+answer:
+        it materialises every layer's attention, fine for a small reasoner, not for a 32B model."""
+        prompt_text = self._expand_placeholders(request)
+        start = prompt_text.rfind(request.attend_to)
+        if start < 0 or not request.attend_to:
+            return [], []
+        end = start + len(request.attend_to)
+        full = GenerationRequest(request.prompt + answer, request.images)
+        text = self._expand_placeholders(full)
+        offsets = self.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
+        n_prompt = len(self.tokenizer(prompt_text)["input_ids"])
+        previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation("eager")  # sdpa does not return attention weights
+        try:
+            out = self.model(**self._model_inputs([full]), output_attentions=True, logits_to_keep=1)
+        finally:
+            self.model.set_attn_implementation(previous)
+        attn = torch.stack([a[0] for a in out.attentions]).float()  # layers, heads, query, key
+        queries = list(range(n_prompt, attn.shape[2])) or [attn.shape[2] - 1]
+        scores = attn[:, :, queries, :].mean(dim=(0, 1, 2))
+        keep = [j for j, (a, b) in enumerate(offsets) if b > a and a >= start and b <= end]
+        return [text[offsets[j][0]:offsets[j][1]] for j in keep], [float(scores[j]) for j in keep]
 
     def _output(self, request, i, new_tokens, logprobs, inputs, latency_ms, ttft_ms, batch_size) -> GenerationOutput:
         ids = new_tokens.tolist()[: request.sampling.max_tokens]

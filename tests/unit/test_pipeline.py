@@ -230,3 +230,15 @@ async def test_a_slow_small_stage_degrades_under_its_deadline():
     engines = {"small": FakeEngine("small", rule("A"), delay_s=1.0), "large": FakeEngine("large", rule("B"))}
     result = await ask(Pipeline(cfg, local_stages(engines)), "mutual")
     assert result.degraded and "StageTimeout" in result.decision.reason and "small_direct" in result.decision.reason
+
+
+async def test_attention_selector_transfers_what_the_small_answer_attended_to():
+    cfg = load_tandem_config({"selector": {"kind": "attention", "budget_tokens": 4, "span_tokens": 2}})
+    reasoning = "look at the image count 3 and 4 so maybe the end"
+    pipeline, eng = make(cfg, small="A", large="B", reasoning=reasoning)
+    result = await ask(pipeline, "always")
+    answer_request = eng["small"].batches[1][0]
+    assert answer_request.attend_to == reasoning and answer_request.prompt.endswith("</think>\n\n")
+    excerpt = prompts_sent(eng["large"])[0]
+    assert "count 3" in excerpt and "and 4" in excerpt and "look at" not in excerpt
+    assert result.transferred_tokens == 4 and "small_answer" in result.tokens

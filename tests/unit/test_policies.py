@@ -72,3 +72,24 @@ def test_budget_selector_head_and_tail_text():
 def test_full_selector_keeps_everything():
     sel = select_reasoning(_tokens(500), SelectorConfig(kind="full", budget_tokens=8))
     assert sel.token_count == 500 and sel.text.startswith("t0 t1") and sel.text.endswith("t499")
+
+
+def test_attention_selector_keeps_the_most_attended_spans_in_reading_order():
+    scores = [0.1] * 40
+    for i in list(range(8, 12)) + list(range(28, 32)):
+        scores[i] = 1.0
+    sel = select_reasoning(_tokens(40), SelectorConfig(kind="attention", budget_tokens=8, span_tokens=4), scores)
+    assert sel.spans == ((8, 12), (28, 32)) and sel.token_count == 8
+    assert sel.text == "t8 t9 t10 t11" + ELISION + "t28 t29 t30 t31"
+
+
+def test_attention_selector_merges_adjacent_spans_and_respects_budget():
+    scores = [0.0] * 20
+    scores[4:12] = [1.0] * 8
+    sel = select_reasoning(_tokens(20), SelectorConfig(kind="attention", budget_tokens=10, span_tokens=4), scores)
+    assert sel.spans == ((4, 12),) and sel.token_count <= 10
+
+
+def test_attention_selector_needs_a_score_per_token():
+    with pytest.raises(ValueError, match="one score per token"):
+        select_reasoning(_tokens(50), SelectorConfig(kind="attention", budget_tokens=8), [1.0] * 3)

@@ -99,3 +99,17 @@ def test_trust_remote_code_stays_off_unless_configured(monkeypatch):
         with pytest.raises(RuntimeError, match="stop after recording"):
             TransformersEngine(config, name="small")
         assert seen[-1] is expected
+
+
+def test_attention_scores_cover_the_reasoning_segment(png):
+    small = TransformersEngine(ModelConfig(model="tiny:small"), name="small")
+    feats = small.encode_images([png(0)])
+    reasoning = "I count the legs: one, two, three, four"
+    prompt = prompts.answer_after_reasoning(prompts.reasoning_prompt("How many legs?", 1, "think_tags"), reasoning,
+                                            "think_tags")
+    out = small.generate([GenerationRequest(prompt, feats, SamplingParams(4), attend_to=reasoning)])[0]
+    assert "".join(out.span_token_texts) == reasoning
+    assert len(out.span_scores) == len(out.span_token_texts) and all(s >= 0 for s in out.span_scores)
+    assert max(out.span_scores) > min(out.span_scores)
+    plain = small.generate([GenerationRequest(prompt, feats, SamplingParams(4))])[0]
+    assert plain.token_ids == out.token_ids and plain.span_scores == []  # scoring never changes the answer
