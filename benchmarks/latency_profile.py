@@ -1,10 +1,10 @@
 """The paper's component analysis on simulated data: where a VLM's latency goes, per model.
 
     python -m benchmarks.latency_profile --quick                                  # CPU, tiny models
-    python -m benchmarks.latency_profile --device cuda --dtype bfloat16 \\
-        --models preset:qwen3-vl-2b,preset:qwen3-vl-8b                            # real sizes, random weights
+    python -m benchmarks.latency_profile --device cuda --grid gpu \\
+        --models random:qwen3-vl-8b,random:qwen3-vl-2b                            # real sizes, random weights
 
-For each model (tiny:small|large, a local checkpoint, or a random-init preset built from the
+For each model (tiny:small|large, a local checkpoint, or random:qwen3-vl-<2b|4b|8b|32b>, built from the
 published Qwen3-VL 2B/4B/8B/32B dimensions, so latency at real size needs nothing downloaded),
 measures with warm-up and repeats: vision-encoder time vs visual tokens, prefill time vs input
 tokens, decode time per output token vs batch size, and end-to-end time vs output tokens (exact
@@ -25,52 +25,28 @@ from pathlib import Path
 
 import torch
 
+from tandem.checkpoints import REAL_SIZES
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# Published Qwen3-VL dimensions: the text model is the Qwen3 dense model of that size, the vision
-# tower is 24 layers x 1024 for 2B/4B and 27 x 1152 for 8B/32B, DeepStack taps three of its layers.
-_VISION_SMALL = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
-                     deepstack_visual_indexes=[5, 11, 17])
-_VISION_LARGE = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16,
-                     deepstack_visual_indexes=[8, 16, 24])
-PRESETS = {
-    "qwen3-vl-2b": (dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                         num_key_value_heads=8, tie_word_embeddings=True), _VISION_SMALL),
-    "qwen3-vl-4b": (dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                         num_key_value_heads=8, tie_word_embeddings=True), _VISION_SMALL),
-    "qwen3-vl-8b": (dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                         num_key_value_heads=8, tie_word_embeddings=False), _VISION_LARGE),
-    "qwen3-vl-32b": (dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
-                          num_key_value_heads=8, tie_word_embeddings=False), _VISION_LARGE),
-}
 QUICK = dict(resolutions=[64, 128, 256], input_tokens=[32, 128, 512], batch_sizes=[1, 4, 8],
              output_tokens=[1, 8, 32, 128], repeats=3)
 FULL = dict(resolutions=[224, 448, 672, 896], input_tokens=[128, 512, 2048, 8192], batch_sizes=[1, 4, 16, 64],
             output_tokens=[1, 4, 16, 64, 256, 1024], repeats=5)
-
-
-def preset_config(name: str):
-    from transformers import Qwen3VLConfig
-
-    text, vision = PRESETS[name]
-    return Qwen3VLConfig(
-        text_config=dict(**text, vocab_size=151936, head_dim=128, max_position_embeddings=262144,
-                         rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
-                                          "mrope_section": [24, 20, 20], "mrope_interleaved": True}),
-        vision_config=dict(**vision, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
-                           out_hidden_size=text["hidden_size"], num_position_embeddings=2304),
-        tie_word_embeddings=text["tie_word_embeddings"])
+GPU_SHORT = dict(resolutions=[224, 448, 896], input_tokens=[128, 512, 2048, 8192], batch_sizes=[1, 8, 32],
+                 output_tokens=[1, 4, 16, 64, 256], repeats=3)  # fits the prepared GPU check's minutes
+GRIDS = {"quick": QUICK, "full": FULL, "gpu": GPU_SHORT}
 
 
 def load_model(ref: str, device: str, dtype: torch.dtype):
     from transformers import AutoModelForImageTextToText, Qwen3VLForConditionalGeneration
 
-    from tandem.checkpoints import resolve_model_ref
+    from tandem.checkpoints import real_size_config, resolve_model_ref
 
-    if ref.startswith("preset:"):
+    if ref.startswith("random:"):  # built in memory: nothing is written for a latency profile
         torch.manual_seed(0)
         with torch.device(device):
-            model = Qwen3VLForConditionalGeneration._from_config(preset_config(ref.split(":", 1)[1]), dtype=dtype)
+            model = Qwen3VLForConditionalGeneration._from_config(real_size_config(ref.split(":", 1)[1]), dtype=dtype)
     else:
         model = AutoModelForImageTextToText.from_pretrained(resolve_model_ref(ref), dtype=dtype).to(device)
     return model.eval()
@@ -197,6 +173,7 @@ def plot(results: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     panels = [("vision", "visual_tokens", "ms", "vision encoder: ms vs visual tokens"),
@@ -207,7 +184,8 @@ def plot(results: list[dict], path: Path) -> None:
         for r in results:
             ax.plot([p[x] for p in r[key]], [p[y] for p in r[key]], marker="o", label=r["model"])
         ax.set_title(title)
-        ax.set_xscale("log")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
@@ -216,10 +194,11 @@ def plot(results: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="tiny:large,tiny:small",
-                    help="comma list, large first: tiny:<size>, a path, or preset:" + "|".join(PRESETS))
+                    help="comma list, large first: tiny:<size>, a path, or random:" + "|".join(REAL_SIZES))
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     ap.add_argument("--quick", action="store_true", help="small grid: CPU, tiny models, about a minute")
+    ap.add_argument("--grid", choices=sorted(GRIDS), default=None, help="measurement grid (default: full)")
     ap.add_argument("--answer-tokens", type=int, default=8, help="k: the large model's short answer length")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
@@ -227,7 +206,7 @@ def main(argv=None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
-    grid = QUICK if args.quick else FULL
+    grid = GRIDS[args.grid or ("quick" if args.quick else "full")]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "none"
     print(f"latency_profile: models {models}; device {args.device} ({gpu}); dtype {dtype}; "

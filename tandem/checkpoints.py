@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 # Bump when the builder's output changes, so cached checkpoints are rebuilt.
-TINY_VERSION = 1
+TINY_VERSION = 2
 TINY_VOCAB_SIZE = 1024
 
 QWEN_SPECIAL_TOKENS = [
@@ -40,6 +40,46 @@ TINY_SIZES = {
                               deepstack_visual_indexes=[1, 2, 3]),
                   thinking=False),
 }
+
+
+# Published Qwen3-VL dimensions: the text model is the Qwen3 dense model of that size; the vision
+# tower is 24 layers x 1024 for 2B/4B and 27 x 1152 for 8B/32B, DeepStack taps three of its layers.
+# `random:<name>` builds one with random weights: latency at real size with nothing downloaded.
+_VISION_2B_4B = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16,
+                     deepstack_visual_indexes=[5, 11, 17])
+_VISION_8B_32B = dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16,
+                      deepstack_visual_indexes=[8, 16, 24])
+REAL_SIZES = {
+    "qwen3-vl-2b": dict(text=dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                                  num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
+                        vision=_VISION_2B_4B, thinking=True),
+    "qwen3-vl-4b": dict(text=dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+                        vision=_VISION_2B_4B, thinking=False),
+    "qwen3-vl-8b": dict(text=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                                  num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+                        vision=_VISION_8B_32B, thinking=False),
+    "qwen3-vl-32b": dict(text=dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,
+                                   num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
+                         vision=_VISION_8B_32B, thinking=False),
+}
+
+
+def real_size_config(name: str, token_ids: dict | None = None):
+    """A Qwen3VLConfig with a real model's dimensions (vocabulary 151936, head_dim 128, mRoPE 24/20/20)."""
+    from transformers import Qwen3VLConfig
+
+    spec = REAL_SIZES[name]
+    ids = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+           "vision_end_token_id": 151653, **(token_ids or {})}
+    text = dict(spec["text"])
+    return Qwen3VLConfig(
+        text_config=dict(**text, vocab_size=151936, head_dim=128, max_position_embeddings=262144,
+                         rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
+                                          "mrope_section": [24, 20, 20], "mrope_interleaved": True}),
+        vision_config=dict(**spec["vision"], patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                           out_hidden_size=text["hidden_size"], num_position_embeddings=2304),
+        tie_word_embeddings=text["tie_word_embeddings"], **ids)
 
 
 def chat_template(thinking: bool) -> str:
@@ -100,18 +140,21 @@ def build_tokenizer(seed: int = 0):
 
 
 def build_tiny(out_dir: str | os.PathLike, size: str = "small", seed: int = 0) -> Path:
-    """Write a tiny random-init Qwen3-VL checkpoint (model, tokenizer, processor) to out_dir."""
-    import torch
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    """Write a random-init Qwen3-VL checkpoint (model, tokenizer, processor) to out_dir: a tiny one
+    (`small`, `large`) or one at a real model's size (a REAL_SIZES name; built on the GPU in bf16
+    when one is present, since a real-size model in fp32 on a CPU takes minutes)."""
+    from transformers import Qwen3VLConfig
 
-    from tandem.processors import TandemQwen3VLProcessor
-
-    if size not in TINY_SIZES:
-        raise ValueError(f"unknown tiny size '{size}'; known: {', '.join(TINY_SIZES)}")
-    spec = TINY_SIZES[size]
+    if size not in TINY_SIZES and size not in REAL_SIZES:
+        raise ValueError(f"unknown size '{size}'; known: {', '.join([*TINY_SIZES, *REAL_SIZES])}")
     tokenizer = build_tokenizer(seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    if size in REAL_SIZES:
+        return _save(out_dir, seed, real_size_config(size, {
+            "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}),
+            tokenizer, ids, REAL_SIZES[size]["thinking"], pixels=(256 * 256, 1024 * 1024), real=True)
+    spec = TINY_SIZES[size]
     text = dict(spec["text"])
     mrope = text.pop("mrope_section")
     config = Qwen3VLConfig(
@@ -124,13 +167,27 @@ def build_tiny(out_dir: str | os.PathLike, size: str = "small", seed: int = 0) -
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
     )
+    return _save(out_dir, seed, config, tokenizer, ids, spec["thinking"], pixels=(32 * 32, 256 * 256))
+
+
+def _save(out_dir, seed: int, config, tokenizer, ids: dict, thinking: bool, pixels: tuple[int, int],
+          real: bool = False) -> Path:
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from tandem.processors import TandemQwen3VLProcessor
+
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config).eval()
+    on_gpu = real and torch.cuda.is_available()
+    with torch.device("cuda" if on_gpu else "cpu"):
+        model = Qwen3VLForConditionalGeneration._from_config(
+            config, dtype=torch.bfloat16 if on_gpu else torch.float32).eval()
     model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
     image_processor = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
-                                               size={"shortest_edge": 32 * 32, "longest_edge": 256 * 256})
-    processor = TandemQwen3VLProcessor(image_processor, tokenizer, chat_template=chat_template(spec["thinking"]))
+                                               size={"shortest_edge": pixels[0], "longest_edge": pixels[1]})
+    processor = TandemQwen3VLProcessor(image_processor, tokenizer, chat_template=chat_template(thinking))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -145,9 +202,9 @@ def cache_dir() -> Path:
 
 
 def resolve_model_ref(ref: str, seed: int = 0) -> str:
-    """A path or hub id `from_pretrained` can take. `tiny:<size>` is built once into the cache,
-    atomically, so concurrent replicas never see a half-written checkpoint."""
-    if not ref.startswith("tiny:"):
+    """A path or hub id `from_pretrained` can take. `tiny:<size>` (and `random:<real size>`) is built
+    once into the cache, atomically, so concurrent replicas never see a half-written checkpoint."""
+    if not ref.startswith(("tiny:", "random:")):
         return ref
     size = ref.split(":", 1)[1]
     target = cache_dir() / f"tiny-{size}-seed{seed}-v{TINY_VERSION}"

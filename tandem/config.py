@@ -27,8 +27,9 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """One model role (small reasoner or large answerer)."""
 
-    model: str = Field(description="Hub id (e.g. Qwen/Qwen3-VL-8B-Instruct), local path, or tiny:small / "
-                                   "tiny:large for an offline random-init checkpoint built on first use.")
+    model: str = Field(description="Hub id (e.g. Qwen/Qwen3-VL-8B-Instruct), local path, tiny:small / "
+                                   "tiny:large for an offline random-init checkpoint built on first use, or "
+                                   "random:qwen3-vl-<2b|4b|8b|32b> for one at a real model's size.")
     reasoning_format: Literal["think_tags", "prompted"] = Field(
         "think_tags", description="How the model reasons: inside <think>...</think> (Thinking variants) or "
                                   "when asked to in the prompt (Instruct variants).")

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The prepared GPU check: on one H200 with no network, in under 8 minutes, the latency profile of
+# random-init Qwen3-VL 8B and 2B at their real sizes (bf16), then a short strategies run on the same
+# pair (checkpoints built on the GPU into $TANDEM_CACHE; weights random, so accuracy means nothing,
+# latency and paths do). Writes everything under OUT_DIR.
+#   bash benchmarks/gpu_check.sh OUT_DIR
+set -euo pipefail
+out="${1:?usage: bash benchmarks/gpu_check.sh OUT_DIR}"
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TANDEM_CACHE="${TANDEM_CACHE:-/tmp/tandem-cache}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
+  | tee -a "$out/gpu.txt"
+
+timeout 240 python -m benchmarks.latency_profile --device cuda --grid gpu \
+  --models random:qwen3-vl-8b,random:qwen3-vl-2b --out "$out" 2>&1 | tee "$out/latency_profile.log"
+
+cat > "$out/strategies.yaml" <<'YAML'
+small: {model: "random:qwen3-vl-2b", reasoning_format: think_tags, dtype: bfloat16, device: cuda,
+        min_pixels: 65536, max_pixels: 262144}
+large: {model: "random:qwen3-vl-8b", reasoning_format: prompted, dtype: bfloat16, device: cuda,
+        min_pixels: 65536, max_pixels: 262144}
+limits: {answer_max_tokens: 16, reasoning_max_tokens: 128}
+YAML
+timeout 240 python -m benchmarks.strategies --config "$out/strategies.yaml" --n 6 --out "$out" 2>&1 \
+  | tee "$out/strategies.log"
