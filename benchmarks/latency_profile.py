@@ -169,13 +169,11 @@ def print_tables(results: list[dict]) -> None:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    from benchmarks.plotting import subplots
+
+    fig, axes = subplots(2, 2, figsize=(11, 8))
     panels = [("vision", "visual_tokens", "ms", "vision encoder: ms vs visual tokens"),
               ("prefill", "input_tokens", "ms", "prefill: ms vs input tokens"),
               ("decode", "batch", "ms_per_token", "decode: ms per token vs batch size"),

@@ -86,12 +86,9 @@ def print_point(p: dict) -> None:
 
 
 def plot(points: list[dict], path: Path) -> None:
-    import matplotlib
+    from benchmarks.plotting import subplots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = subplots(figsize=(8, 5))
     for kind, marker in (("closed", "o"), ("open", "s")):
         pts = [p for p in points if p["kind"] == kind]
         for q in ("p50_ms", "p95_ms"):

@@ -105,13 +105,10 @@ def summarize(windows: list[dict], records, duration_s: float) -> dict:
 
 
 def plot(windows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from benchmarks.plotting import subplots
 
     t = [w["end_s"] for w in windows]
-    fig, (a, b) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    fig, (a, b) = subplots(2, 1, figsize=(8, 6), sharex=True)
     for key in ("p50_ms", "p95_ms", "p99_ms"):
         a.plot(t, [w[key] for w in windows], marker="o", label=key)
     a.set_ylabel("latency (ms)")

@@ -163,12 +163,9 @@ def print_row(r: dict) -> None:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
+    from benchmarks.plotting import subplots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = subplots(figsize=(8, 5))
     for r in rows:
         ax.scatter(r["p50_ms"], r["accuracy"])
         ax.annotate(r["name"], (r["p50_ms"], r["accuracy"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
