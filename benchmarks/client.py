@@ -58,7 +58,7 @@ async def post_chat(http: httpx.AsyncClient, url: str, body: dict, t0: float = 0
 
 
 class LocalApps:
-    """serve_config.yaml's app at `/`, started with `serve run` in its own process group as a user
+    """serve_config.yaml's app at `/`, started with `serve run` in its own session as a user
     would; with bare=True also a model-free twin (fake engine, same four deployments and hops) at
     `/bare`, for the bare cost of the Serve composition. A context manager: stops what it started."""
 
@@ -105,13 +105,13 @@ class LocalApps:
 
     def __exit__(self, *exc) -> None:
         import signal
+        import subprocess
 
         try:
-            os.killpg(self._proc.pid, signal.SIGINT)  # serve run shuts Serve and its Ray down on SIGINT
+            # SIGTERM: Ray's driver handler shuts the local cluster down; SIGINT may arrive ignored.
+            self._proc.terminate()
             self._proc.wait(timeout=60)
-        except (ProcessLookupError, TimeoutError):
-            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, signal.SIGKILL)
         finally:
-            if self._proc.poll() is None:
-                os.killpg(self._proc.pid, signal.SIGKILL)
             os.unlink(self._config.name)

@@ -78,11 +78,10 @@ def point(kind: str, load: float, outcomes: list[Outcome], wall_s: float) -> dic
             "stage_mean_ms": {k: round(sum(v) / len(v), 1) for k, v in sorted(stages.items())}}
 
 
-def print_point(p: dict) -> None:
+def format_point(p: dict) -> str:
     stages = " ".join(f"{k}={v:.0f}" for k, v in p["stage_mean_ms"].items() if k != "total")
-    print(f"{p['kind']:<7} {p['load']:>6} {p['requests']:>5} {p['throughput_rps']:>7.2f} {p['output_tok_s']:>8.1f} "
-          f"{p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f} {p['p99_ms']:>8.1f} {p['rejected']:>4} {p['errors']:>4}  {stages}",
-          flush=True)
+    return (f"{p['kind']:<7} {p['load']:>6} {p['requests']:>5} {p['throughput_rps']:>7.2f} {p['output_tok_s']:>8.1f} "
+            f"{p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f} {p['p99_ms']:>8.1f} {p['rejected']:>4} {p['errors']:>4}  {stages}")
 
 
 def plot(points: list[dict], path: Path) -> None:
@@ -104,23 +103,27 @@ def plot(points: list[dict], path: Path) -> None:
 def run(args, url: str, bare_url: str | None) -> dict:
     print(f"{'kind':<7} {'load':>6} {'n':>5} {'req/s':>7} {'tok/s':>8} {'p50_ms':>8} {'p95_ms':>8} {'p99_ms':>8} "
           f"{'rej':>4} {'err':>4}  mean stage ms")
+    from tqdm import tqdm
+
     asyncio.run(closed_loop(url, args.policy, 2, 4, 60))  # warm-up: connections, caches
     points = []
-    for c in args.concurrency:
-        outcomes, wall = asyncio.run(closed_loop(url, args.policy, c, max(args.requests, c), args.max_s))
-        points.append(point("closed", c, outcomes, wall))
-        print_point(points[-1])
-    for r in args.rates:
-        n = max(args.requests, int(r * args.open_s))
-        outcomes, wall = asyncio.run(open_loop(url, args.policy, r, n, args.open_s, args.seed))
-        points.append(point("open", r, outcomes, wall))
-        print_point(points[-1])
+    sweep = [("closed", c) for c in args.concurrency] + [("open", r) for r in args.rates]
+    with tqdm(total=len(sweep), desc="load points", disable=None, leave=False) as bar:
+        for kind, value in sweep:
+            if kind == "closed":
+                outcomes, wall = asyncio.run(closed_loop(url, args.policy, value, max(args.requests, value), args.max_s))
+            else:
+                n = max(args.requests, int(value * args.open_s))
+                outcomes, wall = asyncio.run(open_loop(url, args.policy, value, n, args.open_s, args.seed))
+            points.append(point(kind, value, outcomes, wall))
+            bar.write(format_point(points[-1]))
+            bar.update()
     bare = None
     if bare_url:
         asyncio.run(closed_loop(bare_url, args.policy, 1, 4, 60))
         outcomes, wall = asyncio.run(closed_loop(bare_url, args.policy, 1, args.requests, args.max_s))
         bare = point("bare", 1, outcomes, wall)
-        print_point(bare)
+        print(format_point(bare), flush=True)
     return {"points": points, "bare": bare}
 
 
@@ -154,7 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.quick:
-        args.concurrency, args.rates, args.requests, args.max_s, args.open_s = "1,4,16", "2,8,32", 24, 20, 8
+        args.concurrency, args.rates, args.requests, args.max_s, args.open_s = "1,4,16", "2,32", 16, 15, 6
     args.concurrency = [int(x) for x in str(args.concurrency).split(",")]
     args.rates = [float(x) for x in str(args.rates).split(",")]
     print(f"load: policy {args.policy}; closed {args.concurrency}; open {args.rates} req/s for {args.open_s} s; "

@@ -201,9 +201,11 @@ def main(argv=None) -> int:
     # Selectors are compared at one budget below the reasoning length, or all would keep everything.
     compare_budget = args.budget or max(1, config.limits.reasoning_max_tokens // 4)
     mode = f"HTTP {args.url}" if args.url else f"in-process ({config.small.model} + {config.large.model})"
-    print(f"strategies: {len(items)} items from {args.dataset} (seed {args.seed}); {mode}; selector "
-          f"{config.selector.kind}@{config.selector.budget_tokens} for the policies, selectors compared at "
-          f"{compare_budget} tokens; {platform.machine()} {os.cpu_count()} cores")
+    selectors = ("the server's selector; no selector comparison over HTTP" if args.url else
+                 f"selector {config.selector.kind}@{config.selector.budget_tokens} for the policies, selectors "
+                 f"compared at {compare_budget} tokens")
+    print(f"strategies: {len(items)} items from {args.dataset} (seed {args.seed}); {mode}; {selectors}; "
+          f"{platform.machine()} {os.cpu_count()} cores")
     runner = None if args.url else InProcess(config)
     if runner:
         runner.compare_budget = compare_budget

@@ -9,13 +9,15 @@ url="http://127.0.0.1:8000"
 log="${TMPDIR:-/tmp}/tandem-serve.$$.log"
 
 tandem validate-config serve_config.yaml
-# Job control puts `serve run` in its own process group with SIGINT handled, so Ctrl-C semantics
-# (graceful Serve and Ray shutdown) work from this non-interactive script too.
+# `serve run` gets its own process group (job control), and is stopped with SIGTERM, on which Ray
+# shuts its local cluster down: SIGINT would not do, since a shell started in the background passes
+# SIGINT on ignored.
 set -m
 serve run serve_config.yaml >"$log" 2>&1 &
 server=$!
-stop() { kill -INT -- "-$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; }
+stop() { kill -TERM "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; }
 trap stop EXIT
+trap 'exit 130' INT TERM
 
 echo "starting Ray and Serve (log: $log) ..."
 for _ in $(seq 1 180); do
