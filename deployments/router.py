@@ -20,11 +20,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from tandem import openai_api
 from tandem.auth import check_authorization, load_api_keys
 from tandem.config import TandemConfig
-from tandem.errors import Overloaded, PayloadTooLarge, StageTimeout, TandemError
+from tandem.errors import NotFound, Overloaded, PayloadTooLarge, StageTimeout, TandemError
 from tandem.pipeline import Pipeline, Stages
 from tandem.schemas import TandemResult
 
 logger = logging.getLogger("ray.serve")
+_INTERNAL = TandemError("internal error while answering; see the server log")
 _LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000]
 
 
@@ -58,7 +59,7 @@ class Router:
                 return JSONResponse(openai_api.models_list())
             if request.method == "POST" and path == "/v1/chat/completions":
                 return await self._chat(request)
-            return _error(404, f"no route for {request.method} {path}", "not_found_error")
+            raise NotFound(f"no route for {request.method} {path}")
         except TandemError as err:
             self.errors.inc(tags={"status": str(err.status)})
             headers = {"Retry-After": str(int(err.retry_after_s or 1))} if err.status in (429, 503) else None
@@ -68,7 +69,7 @@ class Router:
         except Exception:  # the edge: a downstream failure is a clean 500, logged once, never a crash
             logger.exception("tandem request failed: %s %s", request.method, path)
             self.errors.inc(tags={"status": "500"})
-            return _error(500, "internal error while answering; see the server log", "internal_error")
+            return JSONResponse(_INTERNAL.to_openai(), status_code=500)
 
     async def _ready(self) -> Response:
         """200 once every model deployment answers (replicas loaded and warmed up); 503 before."""
@@ -123,7 +124,10 @@ class Router:
         yield openai_api.stream_start(chat, created)
         try:
             result = await self._answer(chat)
-        except TandemError as err:
+        except Exception as err:  # headers are sent: the error travels as the stream's last event
+            if not isinstance(err, TandemError):
+                logger.exception("tandem stream failed: %s", chat.ask.request_id)
+            err = err if isinstance(err, TandemError) else _INTERNAL
             self.errors.inc(tags={"status": str(err.status)})
             yield f"data: {json.dumps(err.to_openai())}\n\n"
             yield "data: [DONE]\n\n"
@@ -141,8 +145,3 @@ class Router:
         logger.info(json.dumps({"event": "tandem_request", "request_id": result.request_id, "policy": result.policy,
                                 "path": result.path, "latency_ms": round(result.latency_ms.get("total", 0.0), 1),
                                 "transferred_tokens": result.transferred_tokens}))
-
-
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}},
-                        status_code=status)

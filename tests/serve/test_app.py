@@ -132,5 +132,7 @@ def test_reconfigure_changes_batch_size_without_restarting_the_replica(serve_url
 
 def test_models_and_health(serve_url):
     assert httpx.get(f"{serve_url}/healthz").json() == {"status": "ok"}
+    missing = httpx.get(f"{serve_url}/v2/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     ids = [m.id for m in client(serve_url).models.list().data]
     assert "tandem" in ids and "tandem:mutual" in ids and len(ids) == 8
