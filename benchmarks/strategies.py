@@ -194,10 +194,10 @@ def main(argv=None) -> int:
         args.n = min(args.n, 12)
     from tqdm import tqdm
 
-    from tandem.cli import _load_args
+    from tandem.cli import read_tandem_args
 
     items = load_items(args)
-    config = load_tandem_config(_load_args(args.config))
+    config = load_tandem_config(read_tandem_args(args.config))
     # Selectors are compared at one budget below the reasoning length, or all would keep everything.
     compare_budget = args.budget or max(1, config.limits.reasoning_max_tokens // 4)
     mode = f"HTTP {args.url}" if args.url else f"in-process ({config.small.model} + {config.large.model})"

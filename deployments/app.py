@@ -14,7 +14,7 @@ from deployments.large_answerer import LargeAnswerer
 from deployments.router import Router
 from deployments.small_reasoner import SmallReasoner
 from deployments.vision_encoder import VisionEncoder
-from tandem.config import DEPLOYMENT_NAMES, TandemConfig, load_tandem_config
+from tandem.config import TandemConfig, load_tandem_config
 
 # Defaults sized for one small CPU machine; serve_config.yaml overrides each.
 _DEFAULT_OPTIONS = {

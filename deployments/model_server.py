@@ -11,6 +11,7 @@ import ray
 from ray import serve
 
 from tandem.config import TandemConfig
+from tandem.engines import make_engine
 from tandem.schemas import GenerationOutput, GenerationRequest
 
 
@@ -22,20 +23,11 @@ class BatchingConfig(BaseModel):
     batch_wait_timeout_s: float = Field(0.01, ge=0, description="How long a batch waits to fill.")
 
 
-def make_generation_engine(config: TandemConfig, role: str):
-    limit = config.limits.max_prompt_tokens
-    if config.engine == "fake":
-        from tandem.engines.fake import FakeEngine
-        return FakeEngine(role, max_prompt_tokens=limit)
-    from tandem.engines.transformers_engine import TransformersEngine
-    return TransformersEngine(config.model(role), name=role, vision=False, max_prompt_tokens=limit)
-
-
 class ModelServer:
     role = ""
 
     def __init__(self, config: TandemConfig):
-        self.engine = make_generation_engine(config, self.role)
+        self.engine = make_engine(config, self.role, vision=False)
         self.engine.warm_up()
         self.batch_sizes: list[int] = []
         self.cancelled = 0

@@ -15,6 +15,7 @@ import ray
 from ray import serve
 
 from tandem.config import TandemConfig
+from tandem.engines import ROLES, make_engine
 from tandem.images import image_digest
 
 
@@ -27,17 +28,9 @@ class VisionConfig(BaseModel):
     feature_cache_size: int = Field(256, ge=0, description="Images whose features are kept, per replica.")
 
 
-def make_vision_engines(config: TandemConfig) -> dict:
-    if config.engine == "fake":
-        from tandem.engines.fake import FakeEngine
-        return {role: FakeEngine(role) for role in ("small", "large")}
-    from tandem.engines.transformers_engine import TransformersEngine
-    return {role: TransformersEngine(config.model(role), name=role, language=False) for role in ("small", "large")}
-
-
 class VisionEncoder:
     def __init__(self, config: TandemConfig):
-        self.towers = make_vision_engines(config)
+        self.towers = {role: make_engine(config, role, language=False) for role in ROLES}
         for tower in self.towers.values():
             tower.warm_up()
         self.cache: OrderedDict[tuple[str, str], ray.ObjectRef] = OrderedDict()
@@ -58,9 +51,10 @@ class VisionEncoder:
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def _encode_batch(self, calls: list[tuple[list[bytes], str]]) -> list[list[ray.ObjectRef]]:
         self.batch_sizes.append(len(calls))
+        digests = [[image_digest(b) for b in images] for images, _ in calls]
         found: dict[tuple[str, str], ray.ObjectRef] = {}
         for role in {role for _, role in calls}:
-            wanted = {image_digest(b): b for images, r in calls if r == role for b in images}
+            wanted = {d: b for (images, r), ds in zip(calls, digests) if r == role for d, b in zip(ds, images)}
             missing = {}
             for digest, data in wanted.items():
                 if (role, digest) in self.cache:
@@ -75,7 +69,7 @@ class VisionEncoder:
                 for digest, feat in zip(missing, feats):
                     found[role, digest] = ray.put(feat)
                     self._remember((role, digest), found[role, digest])
-        return [[found[role, image_digest(b)] for b in images] for images, role in calls]
+        return [[found[role, d] for d in ds] for (_, role), ds in zip(calls, digests)]
 
     def _remember(self, key, ref: ray.ObjectRef) -> None:
         if self.settings.feature_cache_size == 0:

@@ -28,7 +28,7 @@ def _cmd_build_tiny(args) -> int:
     return 0
 
 
-def _load_args(path: str | None) -> dict:
+def read_tandem_args(path: str | None) -> dict:
     """Tandem args from a YAML file: either bare args or a serve config's first application."""
     if not path:
         return {}
@@ -42,7 +42,7 @@ def _cmd_ask(args) -> int:
     from tandem.local import LocalTandem
     from tandem.schemas import AskRequest
 
-    config = load_tandem_config(_load_args(args.config))
+    config = load_tandem_config(read_tandem_args(args.config))
     images = [Path(p).read_bytes() for p in args.image]
     tandem = LocalTandem(config)
     result = tandem.ask(AskRequest(question=args.question, images=images, policy=args.policy,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from tandem.config import TandemConfig
-from tandem.engines.fake import FakeEngine
+from tandem.engines import ROLES, make_engine
 from tandem.engines.protocol import VisionEngines
 from tandem.pipeline import Pipeline, Stages
 from tandem.schemas import AskRequest, TandemResult
@@ -17,13 +17,7 @@ from tandem.schemas import AskRequest, TandemResult
 
 def load_engines(config: TandemConfig) -> dict:
     """One engine per role, serving both its vision tower and its decoder; one load per checkpoint."""
-    limit = config.limits.max_prompt_tokens
-    if config.engine == "fake":
-        return {role: FakeEngine(role, max_prompt_tokens=limit) for role in ("small", "large")}
-    from tandem.engines.transformers_engine import TransformersEngine
-
-    return {role: TransformersEngine(config.model(role), name=role, max_prompt_tokens=limit)
-            for role in ("small", "large")}
+    return {role: make_engine(config, role) for role in ROLES}
 
 
 def local_stages(engines: dict) -> Stages:

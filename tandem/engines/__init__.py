@@ -1,2 +1,19 @@
 """Engines: what runs a model. `protocol` says what every engine does; `transformers_engine` runs
-Hugging Face checkpoints; `fake` honours the protocol without a model, for orchestration tests."""
+Hugging Face checkpoints; `fake` honours the protocol without a model, for orchestration tests.
+`make_engine` is the one place that picks an engine for a role from the config."""
+
+from __future__ import annotations
+
+ROLES = ("small", "large")
+
+
+def make_engine(config, role: str, *, vision: bool = True, language: bool = True):
+    """The configured engine for `role` (small or large), loading only the parts asked for: a vision
+    encoder needs no decoder, a model server no vision tower."""
+    limit = config.limits.max_prompt_tokens
+    if config.engine == "fake":
+        from tandem.engines.fake import FakeEngine
+        return FakeEngine(role, max_prompt_tokens=limit)
+    from tandem.engines.transformers_engine import TransformersEngine
+    return TransformersEngine(config.model(role), name=role, vision=vision, language=language,
+                              max_prompt_tokens=limit)

@@ -5,7 +5,6 @@ recorded (batch sizes, encodes, replica pids)."""
 from __future__ import annotations
 
 import base64
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
