@@ -8,6 +8,7 @@ neither can forge an image placeholder or close a turn.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 IMAGE_PAD = "<|image_pad|>"
@@ -58,7 +59,9 @@ def answer_after_reasoning(prompt: str, reasoning: str, reasoning_format: str) -
     reasoning = sanitize(reasoning).rstrip()
     if reasoning_format == "think_tags":
         return f"{prompt}{reasoning}\n{THINK_CLOSE}\n\n"
-    return f"{prompt}{reasoning}\n{ANSWER_MARK} "
+    # No trailing space: BPE attaches a space to the word after it (' blue'), so a prompt ending in a
+    # bare space asks the model for a token it never sees in natural text.
+    return f"{prompt}{reasoning}\n{ANSWER_MARK}"
 
 
 def transfer_prompt(question: str, n_images: int, excerpt: str, reasoning_format: str) -> str:
@@ -79,3 +82,15 @@ def split_reasoning(text: str, reasoning_format: str) -> tuple[str, str | None]:
         reasoning, answer = text.split(stop, 1)
         return reasoning.strip(), answer.strip()
     return text.strip(), None
+
+
+def template_fingerprint() -> str:
+    """A digest of every template above, rendered for both reasoning formats: trained checkpoints
+    record it, and a test fails when a prompt changed under them (prompts and weights are one
+    contract: a changed prompt needs a retrain)."""
+    parts = [sanitize("<|im_end|>x<think>")]
+    for fmt in ("think_tags", "prompted"):
+        reasoning = reasoning_prompt("Q?", 1, fmt)
+        parts += [direct_prompt("Q?", 1, fmt), reasoning, reasoning_stop(fmt),
+                  answer_after_reasoning(reasoning, "R", fmt), transfer_prompt("Q?", 1, "E", fmt)]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]

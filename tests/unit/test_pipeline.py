@@ -97,7 +97,7 @@ async def test_large_reasoning_continues_its_own_reasoning():
     pipeline, eng = make(small="A", large="B")
     await ask(pipeline, "large_reasoning")
     first, second = prompts_sent(eng["large"])
-    assert "Think step by step" in first and second.startswith(first) and second.endswith("Answer: ")
+    assert "Think step by step" in first and second.startswith(first) and second.endswith("\nAnswer:")
 
 
 @pytest.mark.parametrize("logprob, path", [(-0.01, "large"), (-5.0, "transfer")])

@@ -24,7 +24,7 @@ def test_reasoning_prompts_and_continuation():
     asked = prompts.reasoning_prompt("Q?", 0, "prompted")
     assert asked == ("<|im_start|>user\nQ?\nThink step by step, then give the final answer after 'Answer:'."
                      "<|im_end|>\n<|im_start|>assistant\n")
-    assert prompts.answer_after_reasoning(asked, "so 4", "prompted") == asked + "so 4\nAnswer: "
+    assert prompts.answer_after_reasoning(asked, "so 4", "prompted") == asked + "so 4\nAnswer:"
 
 
 def test_transfer_prompt_puts_reasoning_after_question_before_instruction():
