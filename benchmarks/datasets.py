@@ -24,6 +24,7 @@ class Item:
     question: str
     options: tuple[str, ...]
     answer: str  # the correct option's letter
+    tier: str = ""  # a dataset's own difficulty class (the grid task: perceive, count, compose)
 
     def prompt(self) -> str:
         lines = [self.question, "Options:"] + [f"{LETTERS[i]}. {o}" for i, o in enumerate(self.options)]
@@ -91,7 +92,8 @@ def synthetic(n: int, seed: int = 0) -> list[Item]:
 
 
 def load_jsonl(path: str | Path) -> list[Item]:
-    """Lines of {"image": path relative to the file, or base64, "question", "options": [...], "answer": letter}."""
+    """Lines of {"image": path relative to the file, or base64, "question", "options": [...], "answer": letter,
+    optionally "tier"}."""
     path = Path(path)
     items = []
     for line in path.read_text().splitlines():
@@ -99,7 +101,8 @@ def load_jsonl(path: str | Path) -> list[Item]:
             row = json.loads(line)
             image = row["image"]
             data = (path.parent / image).read_bytes() if (path.parent / image).is_file() else base64.b64decode(image)
-            items.append(Item(data, row["question"], tuple(row["options"]), row["answer"].strip().upper()))
+            items.append(Item(data, row["question"], tuple(row["options"]), row["answer"].strip().upper(),
+                              row.get("tier", "")))
     return items
 
 
@@ -121,4 +124,5 @@ def write_jsonl(items: list[Item], path: str | Path) -> None:
     with open(path, "w") as f:
         for it in items:
             f.write(json.dumps({"image": base64.b64encode(it.image).decode(), "question": it.question,
-                                "options": list(it.options), "answer": it.answer}) + "\n")
+                                "options": list(it.options), "answer": it.answer,
+                                **({"tier": it.tier} if it.tier else {})}) + "\n")

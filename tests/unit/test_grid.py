@@ -1,0 +1,89 @@
+"""The grid task: the trained pair's accuracy figures mean something only if every item's answer is
+right, the same seed gives the same items, the tier mix is what the README says, and no held-out
+item was ever a training item."""
+
+import io
+import random
+import re
+from collections import Counter
+
+from PIL import Image
+
+from benchmarks.datasets import LETTERS, load_jsonl, write_jsonl
+from benchmarks.grid import (CELL_PX, EVAL_SEED_BASE, PALETTE, TIER_MIX, corrupt_trace, eval_seed, grid_item,
+                             grid_items, train_seed)
+
+
+def read_cells(png: bytes) -> list[list[str]]:
+    """The colours as drawn, read back from the image's pixels (not from the item's own cells)."""
+    img = Image.open(io.BytesIO(png)).convert("RGB")
+    names = {rgb: name for name, rgb in PALETTE.items()}
+    G = img.width // CELL_PX
+    assert img.size == (G * CELL_PX, G * CELL_PX)
+    return [[names[img.getpixel((c * CELL_PX + CELL_PX // 2, r * CELL_PX + CELL_PX // 2))] for c in range(G)]
+            for r in range(G)]
+
+
+def recompute(question: str, cells: list[list[str]]) -> str:
+    """The answer, worked out from the question's words and the pixels alone."""
+    if m := re.match(r"What colour is the cell in row (\d), column (\d)\?", question):
+        return cells[int(m[1]) - 1][int(m[2]) - 1]
+    if m := re.match(r"Is there a (\w+) cell\?", question):
+        return "yes" if any(m[1] in row for row in cells) else "no"
+    if m := re.match(r"How many (\w+) cells are there\?", question):
+        return str(sum(row.count(m[1]) for row in cells))
+    values = {k: int(v) for k, v in re.findall(r"(\w+)=(\d)", question)}
+    m = re.search(r"sum of the values in (row|column) (\d), modulo 10", question)
+    i = int(m[2]) - 1
+    line = cells[i] if m[1] == "row" else [row[i] for row in cells]
+    return str(sum(values[c] for c in line) % 10)
+
+
+def test_answers_are_correct_by_construction():
+    items = grid_items(600, seed=5)
+    for it in items:
+        assert len(set(it.options)) == len(it.options) and it.answer in LETTERS[: len(it.options)]
+        assert it.options[LETTERS.index(it.answer)] == recompute(it.question, read_cells(it.image)), it.question
+    assert {it.kind for it in items} == {"colour_at", "any", "count", "row_sum"}
+
+
+def test_same_seed_same_items_other_seed_other_items():
+    assert grid_items(20, seed=1) == grid_items(20, seed=1)
+    assert grid_items(20, seed=1) != grid_items(20, seed=2)
+    assert grid_item(123) == grid_item(123)
+
+
+def test_tiers_follow_the_documented_mix():
+    counts = Counter(it.tier for it in grid_items(3000, seed=0))
+    for tier, share in TIER_MIX.items():
+        assert abs(counts[tier] / 3000 - share) < 0.03, (tier, counts)
+
+
+def test_training_and_held_out_seeds_never_overlap():
+    train = {train_seed(s, i) for s in range(3) for i in (0, 1, 10**6, 10**12)}
+    held_out = {eval_seed(s, i) for s in range(3) for i in (0, 1, 10**6, 10**12)}
+    assert max(train) < EVAL_SEED_BASE <= min(held_out)
+    a, b = grid_items(200, 0, "train"), grid_items(200, 0, "eval")
+    assert not {(x.image, x.question) for x in a} & {(y.image, y.question) for y in b}
+
+
+def test_traces_reach_the_answer_and_a_corrupted_trace_misreads_one_cell():
+    rng = random.Random(0)
+    changed = 0
+    for it in grid_items(200, seed=3):
+        answer = it.options[LETTERS.index(it.answer)]
+        assert it.trace.endswith((f"total {answer}.", f": {answer}.")) or it.kind == "any"
+        trace, wrong = corrupt_trace(it, rng)
+        assert trace != it.trace
+        changed += wrong != answer
+        words = lambda t: [w for w in re.findall(r"[a-z]+", t) if w in PALETTE]  # noqa: E731
+        diffs = [(a, b) for a, b in zip(words(it.trace), words(trace)) if a != b]
+        assert len(diffs) <= 2  # one cell misread (colour_at names its cell twice)
+    assert changed > 180  # nearly always a misread that changes the answer
+
+
+def test_jsonl_export_keeps_tiers(tmp_path):
+    items = grid_items(5, seed=0)
+    write_jsonl(items, tmp_path / "grid.jsonl")
+    loaded = load_jsonl(tmp_path / "grid.jsonl")
+    assert [(x.question, x.answer, x.tier) for x in loaded] == [(x.question, x.answer, x.tier) for x in items]
