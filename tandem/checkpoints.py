@@ -4,7 +4,8 @@
 family's config classes), a byte-level BPE tokenizer trained in-process with Qwen's special tokens
 and a ChatML template with a thinking block, and the Qwen image processor from defaults — all with
 `save_pretrained`, so they load back through the same `from_pretrained` path as real checkpoints.
-Same seed, same bytes. `resolve_model_ref("tiny:small")` builds one on first use into a cache.
+Same seed, same bytes. `resolve_model_ref("tiny:small")` builds one on first use into a cache;
+`trained:small` / `trained:large` name the pair trained on the grid task, committed in `tandem/trained/`.
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ def _corpus(seed: int, n: int = 3000) -> list[str]:
     return [rng.choice(templates).format(**{k: rng.choice(v) for k, v in words.items()}) for _ in range(n)]
 
 
-def build_tokenizer(seed: int = 0):
+def build_tokenizer(seed: int = 0, corpus: list[str] | None = None):
+    """A byte-level BPE tokenizer with Qwen's special tokens, trained on `corpus` (default: generic
+    VQA-flavoured sentences). Any text still tokenizes, byte by byte where no merge applies."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -132,7 +135,7 @@ def build_tokenizer(seed: int = 0):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB_SIZE - len(THINK_TOKENS), special_tokens=QWEN_SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_corpus(seed), trainer)
+    tok.train_from_iterator(corpus if corpus is not None else _corpus(seed), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    model_max_length=32768)
     fast.add_tokens(THINK_TOKENS)  # added, not special: Qwen3 keeps them in decoded text
@@ -143,18 +146,31 @@ def build_tiny(out_dir: str | os.PathLike, size: str = "small", seed: int = 0) -
     """Write a random-init Qwen3-VL checkpoint (model, tokenizer, processor) to out_dir: a tiny one
     (`small`, `large`) or one at a real model's size (a REAL_SIZES name; built on the GPU in bf16
     when one is present, since a real-size model in fp32 on a CPU takes minutes)."""
-    from transformers import Qwen3VLConfig
-
     if size not in TINY_SIZES and size not in REAL_SIZES:
         raise ValueError(f"unknown size '{size}'; known: {', '.join([*TINY_SIZES, *REAL_SIZES])}")
     tokenizer = build_tokenizer(seed)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     if size in REAL_SIZES:
-        return _save(out_dir, seed, real_size_config(size, {
+        ids = _token_ids(tokenizer)
+        config = real_size_config(size, {
             "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
-            "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}),
-            tokenizer, ids, REAL_SIZES[size]["thinking"], pixels=(256 * 256, 1024 * 1024), real=True)
-    spec = TINY_SIZES[size]
+            "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]})
+        parts = _assemble(seed, config, tokenizer, REAL_SIZES[size]["thinking"], pixels=(256 * 256, 1024 * 1024),
+                          real=True)
+    else:
+        parts = new_tiny(TINY_SIZES[size], tokenizer, seed)
+    return save_checkpoint(out_dir, *parts)
+
+
+def _token_ids(tokenizer) -> dict:
+    return {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+
+
+def new_tiny(spec: dict, tokenizer, seed: int = 0):
+    """(model, processor, tokenizer): a random-init tiny Qwen3-VL of `spec` (a TINY_SIZES-shaped dict)
+    around `tokenizer`, for the builder above and for training (benchmarks/train_tiny.py)."""
+    from transformers import Qwen3VLConfig
+
+    ids = _token_ids(tokenizer)
     text = dict(spec["text"])
     mrope = text.pop("mrope_section")
     config = Qwen3VLConfig(
@@ -167,17 +183,17 @@ def build_tiny(out_dir: str | os.PathLike, size: str = "small", seed: int = 0) -
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
     )
-    return _save(out_dir, seed, config, tokenizer, ids, spec["thinking"], pixels=(32 * 32, 256 * 256))
+    return _assemble(seed, config, tokenizer, spec["thinking"], pixels=(32 * 32, 256 * 256))
 
 
-def _save(out_dir, seed: int, config, tokenizer, ids: dict, thinking: bool, pixels: tuple[int, int],
-          real: bool = False) -> Path:
+def _assemble(seed: int, config, tokenizer, thinking: bool, pixels: tuple[int, int], real: bool = False):
     import torch
     from transformers import Qwen3VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from tandem.processors import TandemQwen3VLProcessor
 
+    ids = _token_ids(tokenizer)
     torch.manual_seed(seed)
     on_gpu = real and torch.cuda.is_available()
     with torch.device("cuda" if on_gpu else "cpu"):
@@ -188,6 +204,10 @@ def _save(out_dir, seed: int, config, tokenizer, ids: dict, thinking: bool, pixe
     image_processor = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2,
                                                size={"shortest_edge": pixels[0], "longest_edge": pixels[1]})
     processor = TandemQwen3VLProcessor(image_processor, tokenizer, chat_template=chat_template(thinking))
+    return model, processor, tokenizer
+
+
+def save_checkpoint(out_dir, model, processor, tokenizer) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -201,9 +221,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
 
 
+# The pair trained on the grid task (benchmarks/train_tiny.py), shipped inside the package.
+TRAINED_DIR = Path(__file__).resolve().parent / "trained"
+TRAINED_ROLES = ("small", "large")
+
+
 def resolve_model_ref(ref: str, seed: int = 0) -> str:
-    """A path or hub id `from_pretrained` can take. `tiny:<size>` (and `random:<real size>`) is built
-    once into the cache, atomically, so concurrent replicas never see a half-written checkpoint."""
+    """A path or hub id `from_pretrained` can take. `trained:<small|large>` is the committed trained
+    pair. `tiny:<size>` (and `random:<real size>`) is built once into the cache, atomically, so
+    concurrent replicas never see a half-written checkpoint."""
+    if ref.startswith("trained:"):
+        role = ref.split(":", 1)[1]
+        if role not in TRAINED_ROLES:
+            raise ValueError(f"unknown trained model '{ref}'; known: trained:small, trained:large")
+        return str(TRAINED_DIR / role)
     if not ref.startswith(("tiny:", "random:")):
         return ref
     size = ref.split(":", 1)[1]

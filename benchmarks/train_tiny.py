@@ -1,0 +1,323 @@
+"""Trains the tiny Qwen3-VL pair on the grid task (DESIGN §9) and writes the checkpoints Tandem ships.
+
+    python -m benchmarks.train_tiny                      # both roles into tandem/trained/ (~25 min, 2 cores)
+    python -m benchmarks.train_tiny --role small --steps 20 --out /tmp/t   # a smoke run
+
+From scratch, on the CPU, with a plain torch loop (AdamW, warm-up then cosine), seeded: the same
+command gives the same weights. Every example is rendered with `tandem/prompts.py`, and prompt and
+target are tokenized apart, exactly as the pipeline sends the prompt and the model continues it:
+
+- direct: the short-answer prompt -> the option's text;
+- reason: the reasoning prompt -> the program's trace, the close of the reasoning, the answer
+  (the small model in `<think>` tags, the large one in the prompted format);
+- transfer (large only): the transfer prompt holding an excerpt of a trace cut by the real selectors
+  (`full`, `budget`, `attention` with random scores) -> the true answer, the trace misreading one
+  cell in a quarter of them, so the model checks a hint against the image instead of copying it;
+- caption: "Describe the grid row by row." -> every cell, row by row (a grounding objective: without
+  it the first prototype collapsed to one constant answer).
+
+Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
+tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+from benchmarks.datasets import LETTERS
+from benchmarks.grid import GridItem, corrupt_trace, grid_item, train_seed
+from tandem import prompts
+from tandem.checkpoints import TRAINED_DIR, _corpus, build_tokenizer, new_tiny, save_checkpoint
+from tandem.config import SelectorConfig
+from tandem.selectors import select_reasoning
+
+# The small one is tiny:small's shape; the large one is sized for this CPU (it only has to be clearly
+# bigger: 2x the depth, 2x the width), so it gets enough steps in the time budget.
+TRAINED_SIZES = {
+    "small": dict(text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=16, mrope_section=[2, 3, 3]),
+                  vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                              deepstack_visual_indexes=[1]),
+                  thinking=True),
+    "large": dict(text=dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=32, mrope_section=[4, 6, 6]),
+                  vision=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2,
+                              deepstack_visual_indexes=[1]),
+                  thinking=False),
+}
+FORMATS = {"small": "think_tags", "large": "prompted"}
+MIX = {"small": {"direct": 0.35, "reason": 0.5, "caption": 0.15},
+       "large": {"direct": 0.3, "reason": 0.25, "transfer": 0.35, "caption": 0.1}}
+DEFAULTS = {"small": dict(steps=3000, lr=3e-3), "large": dict(steps=1300, lr=1.5e-3)}
+CORRUPT_P = 0.25  # share of transfer examples whose hint misreads a cell
+CAPTION_QUESTION = "Describe the grid row by row."
+EOS = "<|im_end|>"
+
+
+def answer_text(item: GridItem) -> str:
+    return item.options[LETTERS.index(item.answer)]
+
+
+def caption(item: GridItem) -> str:
+    return " ".join(f"row {r}: {' '.join(row)}." for r, row in enumerate(item.cells, 1))
+
+
+def excerpt(trace: str, tokenizer, rng: random.Random) -> str:
+    """What a selector would transfer of this trace: all of it, head and tail, or scored spans."""
+    texts = [tokenizer.decode([t], skip_special_tokens=True) for t in tokenizer(trace)["input_ids"]]
+    kind = rng.choices(["full", "budget", "attention"], weights=[0.5, 0.25, 0.25])[0]
+    budget = rng.randint(16, 48)
+    config = SelectorConfig(kind=kind, budget_tokens=budget, span_tokens=rng.choice([8, 16]))
+    scores = [rng.random() for _ in texts] if kind == "attention" else None
+    return select_reasoning(texts, config, scores).text
+
+
+def render_example(item: GridItem, role: str, objective: str, tokenizer, rng: random.Random) -> tuple[str, str]:
+    """(prompt, target) exactly as the pipeline would send the prompt and the model should go on."""
+    fmt, question, answer = FORMATS[role], item.prompt(), answer_text(item) + EOS
+    if objective == "direct":
+        return prompts.direct_prompt(question, 1, fmt), answer
+    if objective == "caption":
+        return prompts.direct_prompt(CAPTION_QUESTION, 1, fmt), caption(item) + EOS
+    if objective == "reason":
+        prompt = prompts.reasoning_prompt(question, 1, fmt)
+        # After "Answer:" the space belongs to the answer's word, as BPE splits natural text.
+        space = " " if fmt == "prompted" else ""
+        return prompt, prompts.answer_after_reasoning(prompt, item.trace, fmt)[len(prompt):] + space + answer
+    trace = corrupt_trace(item, rng)[0] if rng.random() < CORRUPT_P else item.trace
+    return prompts.transfer_prompt(question, 1, excerpt(trace, tokenizer, rng), fmt), answer
+
+
+def task_corpus(n: int = 1500, seed: int = 0) -> list[str]:
+    """Text of the task as both models will see it, for the tokenizer's merges, plus generic text so
+    other questions still tokenize in reasonable pieces."""
+    rng = random.Random(seed)
+    texts = []
+    for i in range(n):
+        item = grid_item(train_seed(10_000 + seed, i))
+        for role in FORMATS:
+            for objective in ("direct", "reason", "caption"):
+                texts.append("".join(render_example(item, role, objective, None, rng)))
+    return texts + _corpus(seed, 1000)
+
+
+def build_task_tokenizer(seed: int = 0):
+    return build_tokenizer(seed, corpus=task_corpus(seed=seed))
+
+
+class Batcher:
+    """Training batches: one item per row, one objective per item drawn from the role's mix."""
+
+    def __init__(self, role: str, tokenizer, image_processor, image_token_id: int, seed: int):
+        self.role, self.tok, self.proc, self.image_token_id = role, tokenizer, image_processor, image_token_id
+        self.rng = random.Random(seed)
+        self.seed, self.next_item = seed, 0
+        self.objectives, self.weights = zip(*MIX[role].items())
+
+    def example(self):
+        from PIL import Image
+        import io
+
+        item = grid_item(train_seed(self.seed, self.next_item))
+        self.next_item += 1
+        objective = self.rng.choices(self.objectives, weights=self.weights)[0]
+        prompt, target = render_example(item, self.role, objective, self.tok, self.rng)
+        image = Image.open(io.BytesIO(item.image)).convert("RGB")
+        return prompt, target, image
+
+    def batch(self, size: int) -> dict:
+        import torch
+
+        rows = [self.example() for _ in range(size)]
+        pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
+        grid = pix["image_grid_thw"]
+        ids, labels = [], []
+        for (prompt, target, _), thw in zip(rows, grid):
+            n = int(thw.prod()) // self.proc.merge_size ** 2
+            p = self.tok(prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * n))["input_ids"]
+            t = self.tok(target)["input_ids"]
+            ids.append(p + t)
+            labels.append([-100] * len(p) + t)
+        width = max(map(len, ids))
+        pad = self.tok.pad_token_id
+        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
+        return {"input_ids": input_ids,
+                "attention_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids]),
+                "labels": torch.tensor([y + [-100] * (width - len(y)) for y in labels]),
+                "mm_token_type_ids": (input_ids == self.image_token_id).long(),
+                "pixel_values": pix["pixel_values"], "image_grid_thw": grid}
+
+
+def sequence_mean_loss(logits, labels):
+    """Cross-entropy averaged per sequence, then over the batch: a two-token direct answer weighs as
+    much as a fifty-token trace."""
+    import torch.nn.functional as F
+
+    logits, labels = logits[:, :-1].float(), labels[:, 1:]
+    mask = labels != -100
+    loss = F.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none") * mask
+    return (loss.sum(1) / mask.sum(1).clamp(min=1)).mean()
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train(role: str, out: Path, *, steps: int, lr: float, batch_size: int = 32, seed: int = 0,
+          tokenizer=None, bf16: bool = False, progress: bool = True) -> dict:
+    """Train one role from scratch and save it to out; returns the facts for its model card."""
+    import torch
+    from tqdm import tqdm
+
+    torch.manual_seed(seed)
+    tokenizer = tokenizer or build_task_tokenizer(seed)
+    model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
+    batcher = Batcher(role, tokenizer, processor.image_processor, model.config.image_token_id,
+                      seed=seed * 2 + (role == "large"))
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+    model.train()
+    losses, start = [], time.perf_counter()
+    bar = tqdm(range(steps), desc=f"train {role}", disable=not progress, mininterval=2)
+    for step in bar:
+        for group in optim.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup=max(1, steps // 20))
+        batch = batcher.batch(batch_size)
+        labels = batch.pop("labels")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model(**batch).logits
+        loss = sequence_mean_loss(logits, labels)
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        losses.append(loss.item())
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
+    model.eval()
+    seconds = time.perf_counter() - start
+    window = max(1, min(50, steps // 5))
+    save_checkpoint(out, model, processor, tokenizer)
+    facts = {"role": role, "reasoning_format": FORMATS[role], "steps": steps, "batch_size": batch_size,
+             "examples": steps * batch_size, "items": batcher.next_item, "lr": lr, "seed": seed,
+             "bf16_autocast": bf16, "train_seconds": round(seconds, 1),
+             "parameters": sum(p.numel() for p in model.parameters()),
+             "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
+             "mix": MIX[role], "corrupt_hint_p": CORRUPT_P if "transfer" in MIX[role] else None,
+             # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
+             "loss_first": round(sum(losses[:window]) / window, 4),
+             "loss_last": round(sum(losses[-window:]) / window, 4),
+             "prompt_fingerprint": prompts.template_fingerprint()}
+    (Path(out) / "training.json").write_text(json.dumps(facts, indent=1) + "\n")
+    return facts
+
+
+ROLE_TITLES = {"small": "small reasoner (think-tags reasoning, like Qwen3-VL-2B-Thinking)",
+               "large": "large answerer (prompted reasoning, like Qwen3-VL-8B-Instruct)"}
+
+
+def accuracy_table(results: dict) -> str:
+    """Markdown rows of a strategies report: accuracy with its interval, per tier, latency, tokens."""
+    lines = ["| row | accuracy (95 % CI) | perceive | count | compose | p50 ms | output tokens | transfer rate |",
+             "|---|---|---|---|---|---|---|---|"]
+    pct = lambda x: "–" if x is None else f"{x:.1%}"  # noqa: E731
+    for r in results["rows"]:
+        tiers = r["accuracy_by_tier"]
+        lines.append(f"| `{r['name']}` | {pct(r['accuracy'])} ({r['accuracy_ci95'][0]:.1%}–{r['accuracy_ci95'][1]:.1%}) | "
+                     f"{pct(tiers.get('perceive'))} | {pct(tiers.get('count'))} | {pct(tiers.get('compose'))} | "
+                     f"{r['p50_ms']:.0f} | {r['output_tokens']:.1f} | {r['transfer_rate']:.0%} |")
+    return "\n".join(lines)
+
+
+def write_card(folder: Path, results: dict | None, command: str) -> None:
+    """README.md beside the weights: what the model is, what it learned from, how it scores."""
+    facts = json.loads((folder / "training.json").read_text())
+    role, text, vision = facts["role"], facts["sizes"]["text"], facts["sizes"]["vision"]
+    card = [f"# Tandem trained tiny Qwen3-VL: {ROLE_TITLES[role]}", "",
+            "`Qwen3VLForConditionalGeneration` (the real architecture), trained from scratch on CPU on Tandem's "
+            "synthetic grid task so that the paper's findings can be measured offline. Load it with "
+            f"`from_pretrained` like any checkpoint, or name it `trained:{role}` in a Tandem config.", "",
+            "## Architecture", "",
+            f"- {facts['parameters']:,} parameters; text: hidden {text['hidden_size']}, {text['num_hidden_layers']} layers, "
+            f"{text['num_attention_heads']} heads ({text['num_key_value_heads']} KV), head_dim {text['head_dim']}, "
+            f"MLP {text['intermediate_size']}; vision: {vision['depth']} layers x {vision['hidden_size']}, "
+            f"DeepStack taps {vision['deepstack_visual_indexes']}; patch 16, merge 2.",
+            "- Tokenizer: byte-level BPE (1,024 tokens) trained on the task's text, shared by both models; "
+            "Qwen's special tokens and ChatML template.", "",
+            "## Task and data", "",
+            "`benchmarks/grid.py`: 4 x 4 grids of flat colours (6 colours + white), 32 px cells = one visual "
+            "token per cell; multiple choice A-D answered with the option's text; tiers perceive 50 % "
+            "(colour of a cell, is there a colour), count 25 %, compose 25 % (sum of a row or column of "
+            "per-colour values, modulo 10). Programmatic reasoning traces.",
+            f"- {facts['examples']:,} training examples ({facts['steps']} steps x batch {facts['batch_size']}), "
+            f"one fresh item each (training item seeds < 2^40; held-out items start at 2^40).",
+            f"- Objective mix: {', '.join(f'{k} {v:.0%}' for k, v in facts['mix'].items())}"
+            + (f"; {facts['corrupt_hint_p']:.0%} of transfer hints misread one cell (target: the true answer)."
+               if facts.get("corrupt_hint_p") else "."),
+            f"- Reasoning format: `{facts['reasoning_format']}`. Prompts: `tandem/prompts.py`, fingerprint "
+            f"`{facts['prompt_fingerprint']}` (a test fails when the templates change: retrain then).", "",
+            "## Training", "",
+            f"AdamW (betas 0.9/0.98, weight decay 0.01), peak LR {facts['lr']}, 5 % warm-up then cosine to 10 %, "
+            f"gradient clip 1.0, {'bf16 autocast' if facts['bf16_autocast'] else 'fp32'}, seed {facts['seed']}; "
+            f"per-sequence mean cross-entropy on the answer side only. {facts['train_seconds'] / 60:.1f} min on "
+            f"2 CPU cores; loss {facts['loss_first']} (first 50 steps) -> {facts['loss_last']} (last 50).", "",
+            f"Reproduce: `{command}`", ""]
+    if results:
+        card += ["## Accuracy (held-out grid items, through Tandem's own pipeline)", "",
+                 f"`python -m benchmarks.strategies --dataset grid --n {results['n']}` "
+                 "(the trained pair in both roles; one CPU machine, 2 cores):", "",
+                 accuracy_table(results), ""]
+        if results.get("findings"):
+            card += ["Findings (bars from the Fidelity issue):", ""]
+            card += [f"- {k}: {'met' if v['met'] else 'NOT met'} — "
+                     + ", ".join(f"{n} {x}" for n, x in v.items() if n != "met") for k, v in results["findings"].items()]
+            card.append("")
+        if role == "large" and results.get("corrupted_hints"):
+            h = results["corrupted_hints"]["all"]
+            card += [f"Given a hint that misreads one cell (and so points at a wrong option), this model followed it "
+                     f"on {h['followed_corrupted']:.1%} of {h['n']} held-out items and kept the true answer on "
+                     f"{h['kept_true_answer']:.1%} (with a clean hint: {h['accuracy_with_clean_hint']:.1%} right).", ""]
+    (folder / "README.md").write_text("\n".join(card))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", choices=["small", "large", "both"], default="both")
+    ap.add_argument("--out", default=str(TRAINED_DIR), help="folder of the role folders (default: the shipped pair)")
+    ap.add_argument("--steps", type=int, help="default: per role (small 3000, large 1300)")
+    ap.add_argument("--lr", type=float, help="peak learning rate; default per role")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (≈10 % faster for the large model here; fp32 by default)")
+    ap.add_argument("--card", metavar="STRATEGIES_JSON",
+                    help="only (re)write the model cards, with the accuracy table of this strategies.json")
+    args = ap.parse_args(argv)
+    roles = ["small", "large"] if args.role == "both" else [args.role]
+    command = "python -m benchmarks.train_tiny" + ("" if args.seed == 0 else f" --seed {args.seed}")
+    if args.card:
+        results = json.loads(Path(args.card).read_text())
+        for role in roles:
+            write_card(Path(args.out) / role, results, command)
+        return 0
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    tokenizer = build_task_tokenizer(args.seed)
+    for role in roles:
+        d = DEFAULTS[role]
+        facts = train(role, Path(args.out) / role, steps=args.steps or d["steps"], lr=args.lr or d["lr"],
+                      batch_size=args.batch_size, seed=args.seed, tokenizer=tokenizer, bf16=args.bf16)
+        write_card(Path(args.out) / role, None, command)
+        print(json.dumps(facts))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

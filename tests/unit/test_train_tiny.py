@@ -1,0 +1,57 @@
+"""Training the tiny pair: the models must learn exactly the strings the pipeline sends (rendered by
+tandem/prompts.py, tokenized the way the engine tokenizes them), and a short run must learn."""
+
+import random
+
+import pytest
+
+from benchmarks.grid import grid_item, grid_items, train_seed
+from benchmarks.train_tiny import FORMATS, MIX, build_task_tokenizer, render_example, train
+from tandem import prompts
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_task_tokenizer(0)
+
+
+@pytest.mark.parametrize("role", ["small", "large"])
+def test_examples_are_the_pipelines_prompts(role, tokenizer):
+    """A model trained on other strings than the pipeline's answers noise at serving time."""
+    item, fmt, rng = grid_item(train_seed(0, 7), tier="compose"), FORMATS[role], random.Random(0)
+    question = item.prompt()
+    assert render_example(item, role, "direct", tokenizer, rng)[0] == prompts.direct_prompt(question, 1, fmt)
+    prompt, target = render_example(item, role, "reason", tokenizer, rng)
+    assert prompt == prompts.reasoning_prompt(question, 1, fmt)
+    assert (prompt + target).startswith(prompts.answer_after_reasoning(prompt, item.trace, fmt))
+    if "transfer" in MIX[role]:
+        prompt, _ = render_example(item, role, "transfer", tokenizer, rng)
+        head = prompts.transfer_prompt(question, 1, "", fmt).split(prompts.TRANSFER_HEADER)[0]
+        assert prompt.startswith(head) and prompts.TRANSFER_HEADER in prompt
+
+
+@pytest.mark.parametrize("role", ["small", "large"])
+def test_training_tokens_match_what_the_engine_sends(role, tokenizer):
+    """The second stage of reasoning sends prompt + reasoning + close as one string: its tokens must be
+    a prefix of the training sequence, token for token (a prompt ending in a bare space is not)."""
+    rng = random.Random(1)
+    for item in grid_items(20, seed=0, split="train"):
+        prompt, target = render_example(item, role, "reason", tokenizer, rng)
+        trained = tokenizer(prompt)["input_ids"] + tokenizer(target)["input_ids"]
+        stage_two = tokenizer(prompts.answer_after_reasoning(prompt, item.trace, FORMATS[role]))["input_ids"]
+        assert trained[: len(stage_two)] == stage_two
+
+
+def test_task_words_are_single_tokens(tokenizer):
+    for word in (" red", " purple", " orange", "row", " column", " total", " yellow", " white"):
+        assert len(tokenizer(word)["input_ids"]) == 1, word
+
+
+def test_a_short_run_learns_and_saves_a_loadable_checkpoint(tmp_path, tokenizer):
+    from transformers import AutoModelForImageTextToText
+
+    facts = train("small", tmp_path / "small", steps=40, lr=3e-3, batch_size=8, tokenizer=tokenizer, progress=False)
+    assert facts["loss_last"] < 0.75 * facts["loss_first"], facts
+    assert facts["prompt_fingerprint"] == prompts.template_fingerprint()
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "small")
+    assert model.config.text_config.hidden_size == 64 and (tmp_path / "small" / "training.json").exists()
