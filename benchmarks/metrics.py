@@ -34,3 +34,14 @@ def drift(first: float, last: float) -> float:
     if not first or math.isnan(first) or math.isnan(last):
         return math.nan
     return last / first
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % (z = 1.96) Wilson score interval of a proportion: honest at 0 % and 100 %, where the
+    normal approximation collapses to a point. (nan, nan) when n is 0."""
+    if n == 0:
+        return math.nan, math.nan
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

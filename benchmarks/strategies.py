@@ -1,14 +1,18 @@
 """Each policy (and selector) on a visual-question dataset: accuracy against latency.
 
-    python -m benchmarks.strategies --quick                       # in-process, tiny models, synthetic set
+    python -m benchmarks.strategies --dataset grid --n 400         # the trained pair on held-out grid items
+    python -m benchmarks.strategies --quick                       # 12 items, under two minutes
     python -m benchmarks.strategies --url http://host:8000 --dataset mmbench.tsv
 
 Runs every policy over the items, through the HTTP API (`--url`) or in-process (default; the same
-core pipeline with engines called directly). Reports accuracy, mean/p50/p95 latency, output tokens
-per stage, transfer rate and the share of `mutual` requests on each path. In-process it also
-compares the selectors (full, budget, attention) at equal budgets under `always`, and runs
-speculative decoding as the peer a user would pick instead of `large_reasoning`: the large model
-reasoning with the small one drafting (transformers' assisted generation; exact under greedy).
+core pipeline with engines called directly), plus `small_direct`: the small model answering at once,
+as in `mutual`'s first stage. Reports accuracy with its 95 % interval and per tier (when the dataset
+has tiers), mean/p50/p95 latency, output tokens per stage, transfer rate, and how `mutual` routed
+each tier (answered on agreement vs by transfer). In-process it also measures how often the large
+model follows a corrupted hint (grid: the trace with one cell misread), compares the selectors
+(full, budget, attention) at equal budgets under `always`, and runs speculative decoding as the peer
+a user would pick instead of `large_reasoning`: the large model reasoning with the small one
+drafting (transformers' assisted generation; exact under greedy).
 Table, accuracy-vs-latency PNG, JSON, and one JSON line at the end.
 """
 
@@ -25,11 +29,12 @@ from pathlib import Path
 
 from benchmarks.client import ROOT
 from benchmarks.datasets import LETTERS, Item, load_jsonl, load_mmbench_tsv, synthetic
-from benchmarks.metrics import percentile
+from benchmarks.metrics import percentile, wilson_interval
 from tandem.agreement import normalize_answer
 from tandem.config import POLICY_NAMES, TandemConfig, load_tandem_config
 
 SELECTORS = ("full", "budget", "attention")
+GRID_TIERS = ("perceive", "count", "compose")
 
 
 def is_correct(answer: str, item: Item) -> bool:
@@ -39,6 +44,24 @@ def is_correct(answer: str, item: Item) -> bool:
     return norm == f"opt:{item.answer}" or (bool(norm) and norm == normalize_answer(right))
 
 
+def record(item: Item, answer: str, latency_ms: float, tokens: dict, path: str, transferred: int) -> dict:
+    return {"correct": is_correct(answer, item), "latency_ms": latency_ms, "tokens": tokens, "path": path,
+            "transferred": transferred, "tier": item.tier}
+
+
+def by_tier(runs: list[dict]) -> dict[str, list[dict]]:
+    tiers: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        if r["tier"]:
+            tiers[r["tier"]].append(r)
+    return dict(tiers)
+
+
+def accuracy(runs: list[dict]) -> float | None:
+    """Share answered right; None (JSON null) when there is nothing to count."""
+    return round(sum(r["correct"] for r in runs) / len(runs), 3) if runs else None
+
+
 def row(name: str, runs: list[dict]) -> dict:
     lat = [r["latency_ms"] for r in runs]
     tokens: dict[str, list[int]] = defaultdict(list)
@@ -46,7 +69,9 @@ def row(name: str, runs: list[dict]) -> dict:
         for stage, n in r["tokens"].items():
             tokens[stage].append(n)
     paths = Counter(r["path"] for r in runs)
-    return {"name": name, "n": len(runs), "accuracy": round(sum(r["correct"] for r in runs) / len(runs), 3),
+    low, high = wilson_interval(sum(r["correct"] for r in runs), len(runs))
+    return {"name": name, "n": len(runs), "accuracy": accuracy(runs), "accuracy_ci95": [round(low, 3), round(high, 3)],
+            "accuracy_by_tier": {t: accuracy(rs) for t, rs in sorted(by_tier(runs).items())},
             "mean_ms": round(sum(lat) / len(lat), 1), "p50_ms": round(percentile(lat, 50), 1),
             "p95_ms": round(percentile(lat, 95), 1),
             "output_tokens": round(sum(sum(r["tokens"].values()) for r in runs) / len(runs), 1),
@@ -54,6 +79,16 @@ def row(name: str, runs: list[dict]) -> dict:
             "transfer_rate": round(paths.get("transfer", 0) / len(runs), 3),
             "transferred_tokens": round(sum(r["transferred"] for r in runs) / len(runs), 1),
             "paths": {k: round(v / len(runs), 3) for k, v in sorted(paths.items())}}
+
+
+def routing(runs: list[dict]) -> dict:
+    """How `mutual` answered each tier: on agreement or by transfer, with the accuracy of each path
+    (the paper's MMBench split: most questions never needed a transfer)."""
+    out = {}
+    for tier, rs in sorted({"all": runs, **by_tier(runs)}.items()):
+        out[tier] = {path: {"n": len(p), "accuracy": accuracy(p)}
+                     for path in ("agree", "transfer") for p in [[r for r in rs if r["path"] == path]]}
+    return out
 
 
 class InProcess:
@@ -79,9 +114,65 @@ class InProcess:
         for i, item in enumerate(items):
             result = asyncio.run(pipeline.answer(AskRequest(question=item.prompt(), images=[item.image],
                                                             policy=policy, request_id=f"s{i}")))
-            runs.append({"correct": is_correct(result.answer, item), "latency_ms": result.latency_ms["total"],
-                         "tokens": result.tokens, "path": result.path, "transferred": result.transferred_tokens})
+            runs.append(record(item, result.answer, result.latency_ms["total"], result.tokens, result.path,
+                               result.transferred_tokens))
         return runs
+
+    def small_direct(self, items: list[Item]) -> list[dict]:
+        """The small model answering at once: `mutual`'s first stage on its own, through the same
+        stages (encode with its tower, then the direct prompt)."""
+        from tandem import prompts
+        from tandem.local import local_stages
+        from tandem.schemas import GenerationRequest, SamplingParams
+
+        stages, fmt = local_stages(self.engines), self.config.small.reasoning_format
+        sampling = SamplingParams(max_tokens=self.config.limits.answer_max_tokens)
+
+        async def one(item):
+            start = time.perf_counter()
+            feats = await stages.encode([item.image], "small")
+            out = await stages.small(GenerationRequest(prompts.direct_prompt(item.prompt(), 1, fmt), feats, sampling))
+            return record(item, out.text.strip(), (time.perf_counter() - start) * 1000,
+                          {"small_direct": out.completion_tokens}, "small_direct", 0)
+
+        return [asyncio.run(one(item)) for item in items]
+
+    def corrupted_hints(self, items: list[Item]) -> dict:
+        """How the large model answers a transfer prompt whose hint misreads one cell (grid items):
+        followed the hint, kept the true answer, or neither; per tier. Clean hints for reference."""
+        import random
+
+        from benchmarks.grid import corrupt_trace
+        from tandem import prompts
+        from tandem.local import local_stages
+        from tandem.schemas import GenerationRequest, SamplingParams
+
+        stages, fmt = local_stages(self.engines), self.config.large.reasoning_format
+        sampling = SamplingParams(max_tokens=self.config.limits.answer_max_tokens)
+        rng = random.Random(0)
+
+        async def answer(item, hint):
+            feats = await stages.encode([item.image], "large")
+            prompt = prompts.transfer_prompt(item.prompt(), 1, hint, fmt)
+            return (await stages.large(GenerationRequest(prompt, feats, sampling))).text.strip()
+
+        counts: dict[str, Counter] = defaultdict(Counter)
+        for item in items:
+            trace, wrong = corrupt_trace(item, rng)
+            if wrong == item.options[LETTERS.index(item.answer)]:
+                continue  # no misread changes this answer: nothing to follow
+            said = normalize_answer(asyncio.run(answer(item, trace)))
+            outcome = ("followed" if said == normalize_answer(wrong) else
+                       "true" if is_correct(said, item) else "other")
+            clean = is_correct(asyncio.run(answer(item, item.trace)), item)
+            for key in ("all", item.tier):
+                counts[key][outcome] += 1
+                counts[key]["n"] += 1
+                counts[key]["clean_correct"] += clean
+        return {tier: {"n": c["n"], "followed_corrupted": round(c["followed"] / c["n"], 3),
+                       "kept_true_answer": round(c["true"] / c["n"], 3),
+                       "accuracy_with_clean_hint": round(c["clean_correct"] / c["n"], 3)}
+                for tier, c in sorted(counts.items())}
 
     def speculative(self, items: list[Item]) -> list[dict]:
         """`large_reasoning` as plain speculative decoding: the same two stages (reason, then answer),
@@ -119,8 +210,7 @@ class InProcess:
             reasoning = generate(prompt, limits.reasoning_max_tokens, "large_reasoning", prompts.reasoning_stop(fmt))
             answer = generate(prompts.answer_after_reasoning(prompt, reasoning, fmt), limits.answer_max_tokens,
                               "large_answer")
-            runs.append({"correct": is_correct(answer, item), "latency_ms": (time.perf_counter() - start) * 1000,
-                         "tokens": tokens, "path": "speculative", "transferred": 0})
+            runs.append(record(item, answer, (time.perf_counter() - start) * 1000, tokens, "speculative", 0))
         return runs
 
 
@@ -140,53 +230,116 @@ def run_http(url: str, items: list[Item], policy: str, api_key: str | None) -> l
             r.raise_for_status()
             data = r.json()
             t = data["tandem"]
-            runs.append({"correct": is_correct(data["choices"][0]["message"]["content"], item),
-                         "latency_ms": t["latency_ms"]["total"], "tokens": t["tokens"], "path": t["path"],
-                         "transferred": t["transferred_tokens"]})
+            runs.append(record(item, data["choices"][0]["message"]["content"], t["latency_ms"]["total"],
+                               t["tokens"], t["path"], t["transferred_tokens"]))
+            runs[-1]["trace"] = t
     return runs
+
+
+def small_direct_from_mutual(items: list[Item], mutual: list[dict]) -> list[dict]:
+    """Over HTTP the small model's direct answer is read off `mutual`'s first stage (its trace holds
+    it); the latency is that stage's, run beside the large model's."""
+    out = []
+    for item, run in zip(items, mutual):
+        t = run["trace"]
+        out.append(record(item, t["decision"]["small_answer"],
+                          t["latency_ms"].get("encode_small", 0) + t["latency_ms"]["small_direct"],
+                          {"small_direct": t["tokens"]["small_direct"]}, "small_direct", 0))
+    return out
 
 
 def load_items(args) -> list[Item]:
     if args.dataset == "synthetic":
         return synthetic(args.n, args.seed)
+    if args.dataset == "grid":
+        from benchmarks.grid import grid_items
+        return grid_items(args.n, args.seed, split="eval")
     if args.dataset.endswith(".tsv"):
         return load_mmbench_tsv(args.dataset)[: args.n]
     return load_jsonl(args.dataset)[: args.n]
 
 
+HEADER = (f"{'run':<26} {'acc':>6} {'ci95':>11} {'perc':>5} {'count':>5} {'comp':>5} {'mean_ms':>8} {'p50_ms':>8} "
+          f"{'p95_ms':>8} {'tokens':>6} {'xfer':>5} {'xtok':>5}  paths | tokens/stage")
+
+
 def print_row(r: dict) -> None:
     stages = " ".join(f"{k}={v:g}" for k, v in r["tokens_per_stage"].items())
     paths = " ".join(f"{k}={v:.0%}" for k, v in r["paths"].items())
-    print(f"{r['name']:<26} {r['accuracy']:>6.1%} {r['mean_ms']:>8.1f} {r['p50_ms']:>8.1f} {r['p95_ms']:>8.1f} "
-          f"{r['output_tokens']:>6.1f} {r['transfer_rate']:>6.0%} {r['transferred_tokens']:>6.1f}  {paths}  | {stages}",
-          flush=True)
+    tiers = " ".join(f"{'-':>5}" if r["accuracy_by_tier"].get(t) is None else f"{r['accuracy_by_tier'][t]:>5.1%}"
+                     for t in GRID_TIERS)
+    ci = f"{r['accuracy_ci95'][0]:.0%}-{r['accuracy_ci95'][1]:.0%}"
+    print(f"{r['name']:<26} {r['accuracy']:>6.1%} {ci:>11} {tiers} {r['mean_ms']:>8.1f} {r['p50_ms']:>8.1f} "
+          f"{r['p95_ms']:>8.1f} {r['output_tokens']:>6.1f} {r['transfer_rate']:>5.0%} {r['transferred_tokens']:>5.1f}  "
+          f"{paths} | {stages}", flush=True)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, title: str) -> None:
     from benchmarks.plotting import subplots
 
     fig, ax = subplots(figsize=(8, 5))
     for r in rows:
-        ax.scatter(r["p50_ms"], r["accuracy"])
+        low, high = r["accuracy_ci95"]
+        ax.errorbar(r["p50_ms"], r["accuracy"], yerr=[[r["accuracy"] - low], [high - r["accuracy"]]], fmt="o",
+                    capsize=3)
         ax.annotate(r["name"], (r["p50_ms"], r["accuracy"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel("p50 latency (ms)")
-    ax.set_ylabel("accuracy")
-    ax.set_title("accuracy vs latency, one point per policy / selector")
+    ax.set_ylabel("accuracy (95 % interval)")
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path)
 
 
+def findings(runs: dict[str, list[dict]], rows: dict[str, dict]) -> dict:
+    """The paper's three findings as the Fidelity issue states them, with each figure and its bar."""
+    need = {"small_direct", "small", "large", "large_reasoning", "mutual", "always"}
+    if not need <= set(rows):
+        return {}
+    acc = lambda name, tiers=None: accuracy([r for r in runs[name] if tiers is None or r["tier"] in tiers])  # noqa: E731
+    tokens = {name: rows[name]["output_tokens"] for name in need}
+    easy = ("perceive", "count")
+    gap = acc("large_reasoning") - acc("large")
+    f = {"F1": {"small_minus_small_direct": round(acc("small") - acc("small_direct"), 3),
+                "token_ratio": round(tokens["small"] / max(tokens["small_direct"], 1e-9), 1)},
+         "F2": {"large_minus_small_direct": round(acc("large") - acc("small_direct"), 3),
+                "perceive_count_large_minus_small": round(acc("large", easy) - acc("small", easy), 3),
+                "token_ratio_large_to_small": round(tokens["large"] / max(tokens["small"], 1e-9), 3)},
+         "F3": {"gap_recovered": round((acc("mutual") - acc("large")) / gap, 3) if gap > 0 else None,
+                "p50_ratio_mutual_to_large_reasoning": round(rows["mutual"]["p50_ms"] / rows["large_reasoning"]["p50_ms"], 3),
+                "compose_always_minus_large": round(acc("always", ("compose",)) - acc("large", ("compose",)), 3)}}
+    f["F1"]["met"] = f["F1"]["small_minus_small_direct"] >= 0.25 and f["F1"]["token_ratio"] >= 5
+    f["F2"]["met"] = (f["F2"]["large_minus_small_direct"] >= 0.10 and f["F2"]["perceive_count_large_minus_small"] >= -0.05
+                      and f["F2"]["token_ratio_large_to_small"] <= 0.2)
+    f["F3"]["met"] = (gap > 0 and f["F3"]["gap_recovered"] >= 0.7 and f["F3"]["p50_ratio_mutual_to_large_reasoning"] <= 0.6
+                      and f["F3"]["compose_always_minus_large"] >= 0.20)
+    return f
+
+
+def parse_policies(text: str | None) -> list[str]:
+    names = ["small_direct", *POLICY_NAMES]
+    if not text:
+        return names
+    chosen = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in names]
+    if unknown:
+        raise SystemExit(f"unknown policies {unknown}; known: {', '.join(names)}")
+    return chosen
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="synthetic", help="synthetic, a .jsonl file, or an MMBench .tsv")
+    ap.add_argument("--dataset", default="synthetic",
+                    help="grid (held-out items of the trained pair's task), synthetic, a .jsonl file, or an MMBench .tsv")
     ap.add_argument("--n", type=int, default=200, help="items (first n of a file)")
+    ap.add_argument("--policies", help="comma-separated rows to run (policies and small_direct); default all, "
+                                       "plus the selector comparison, speculative decoding and corrupted hints")
     ap.add_argument("--url", help="run through this endpoint's HTTP API instead of in-process")
     ap.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"))
-    ap.add_argument("--config", help="YAML with Tandem args or a serve config (in-process); default: tiny models")
+    ap.add_argument("--config", help="YAML with Tandem args or a serve config (in-process); default: the trained pair")
     ap.add_argument("--budget", type=int, default=None,
                     help="budget (tokens) of the selector comparison; default a quarter of the reasoning budget")
-    ap.add_argument("--quick", action="store_true", help="CPU, tiny models, 12 items: under two minutes")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="CPU, 12 items: under two minutes")
+    ap.add_argument("--seed", type=int, default=0, help="picks the items (grid: other held-out items)")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -196,36 +349,60 @@ def main(argv=None) -> int:
 
     from tandem.cli import read_tandem_args
 
+    policies = parse_policies(args.policies)
+    extras = not args.policies and not args.url
     items = load_items(args)
     config = load_tandem_config(read_tandem_args(args.config))
     # Selectors are compared at one budget below the reasoning length, or all would keep everything.
     compare_budget = args.budget or max(1, config.limits.reasoning_max_tokens // 4)
     mode = f"HTTP {args.url}" if args.url else f"in-process ({config.small.model} + {config.large.model})"
     selectors = ("the server's selector; no selector comparison over HTTP" if args.url else
-                 f"selector {config.selector.kind}@{config.selector.budget_tokens} for the policies, selectors "
-                 f"compared at {compare_budget} tokens")
+                 f"selector {config.selector.kind}@{config.selector.budget_tokens} for the policies" +
+                 (f", selectors compared at {compare_budget} tokens" if extras else ""))
     print(f"strategies: {len(items)} items from {args.dataset} (seed {args.seed}); {mode}; {selectors}; "
           f"{platform.machine()} {os.cpu_count()} cores")
     runner = None if args.url else InProcess(config)
     if runner:
         runner.compare_budget = compare_budget
-    plan = [(p, None) for p in POLICY_NAMES] + ([] if args.url else [("always", s) for s in SELECTORS])
-    rows = []
-    print(f"{'run':<26} {'acc':>6} {'mean_ms':>8} {'p50_ms':>8} {'p95_ms':>8} {'tokens':>6} {'xfer':>6} {'xtok':>6}  paths | tokens/stage")
+    plan = [(p, None) for p in policies if p != "small_direct" or not args.url]
+    plan += [("always", s) for s in SELECTORS] if extras else []
+    runs: dict[str, list[dict]] = {}
+    print(HEADER)
     for policy, selector in tqdm(plan, desc="policies", disable=None):
-        runs = run_http(args.url, items, policy, args.api_key) if args.url else runner.run(items, policy, selector)
-        rows.append(row(f"{policy}" + (f"/{selector}@{compare_budget}" if selector else ""), runs))
-        print_row(rows[-1])
-    if runner:
-        rows.append(row("speculative(large|small)", runner.speculative(items)))
-        print_row(rows[-1])
+        name = policy + (f"/{selector}@{compare_budget}" if selector else "")
+        if args.url:
+            runs[name] = run_http(args.url, items, policy, args.api_key)
+        else:
+            runs[name] = runner.small_direct(items) if policy == "small_direct" else runner.run(items, policy, selector)
+        print_row(row(name, runs[name]))
+    if args.url and "small_direct" in policies and "mutual" in runs:
+        runs["small_direct"] = small_direct_from_mutual(items, runs["mutual"])
+        print_row(row("small_direct", runs["small_direct"]))
+    if extras:
+        runs["speculative(large|small)"] = runner.speculative(items)
+        print_row(row("speculative(large|small)", runs["speculative(large|small)"]))
+    rows = {name: row(name, rs) for name, rs in runs.items()}
+    report = {"benchmark": "strategies", "dataset": args.dataset, "n": len(items),
+              "rows": {name: {k: r[k] for k in ("accuracy", "accuracy_by_tier", "p50_ms", "output_tokens",
+                                                "transfer_rate")} for name, r in rows.items()}}
+    if "mutual" in runs:
+        report["mutual_routing"] = routing(runs["mutual"])
+        print("mutual routing (answered on agreement vs by transfer):",
+              json.dumps(report["mutual_routing"]))
+    if extras and args.dataset == "grid":
+        report["corrupted_hints"] = runner.corrupted_hints(items)
+        print("large model given a hint that misreads a cell:", json.dumps(report["corrupted_hints"]))
+    if findings(runs, rows):
+        report["findings"] = findings(runs, rows)
+        for key, figures in report["findings"].items():
+            print(f"{key}: {'met' if figures['met'] else 'NOT met'}  {figures}")
     out = Path(args.out) / f"strategies-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "strategies.json").write_text(json.dumps(rows, indent=1))
-    plot(rows, out / "strategies.png")
+    (out / "strategies.json").write_text(json.dumps({**report, "rows": list(rows.values())}, indent=1))
+    plot(list(rows.values()), out / "strategies.png",
+         f"{args.dataset}, {len(items)} items: accuracy vs p50 latency, one point per row")
     print(f"results: {out}")
-    print(json.dumps({"benchmark": "strategies", "dataset": args.dataset, "n": len(items),
-                      "rows": {r["name"]: {k: r[k] for k in ("accuracy", "p50_ms", "transfer_rate")} for r in rows}}))
+    print(json.dumps(report))
     return 0
 
 

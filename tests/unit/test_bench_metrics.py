@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from benchmarks.metrics import count_statuses, drift, percentile, summarize_latencies
+from benchmarks.metrics import count_statuses, drift, percentile, summarize_latencies, wilson_interval
 
 
 @pytest.mark.parametrize("values, q, expected", [
@@ -30,3 +30,12 @@ def test_summary_and_counts():
 
 def test_drift():
     assert drift(100, 150) == 1.5 and math.isnan(drift(0, 5)) and math.isnan(drift(math.nan, 1))
+
+
+def test_wilson_interval_matches_known_values_and_never_collapses():
+    """A published accuracy's interval: the textbook value at 8/10, and a real width at 0 and n."""
+    low, high = wilson_interval(8, 10)
+    assert (round(low, 3), round(high, 3)) == (0.490, 0.943)
+    assert wilson_interval(0, 400)[0] == 0.0 and 0 < wilson_interval(0, 400)[1] < 0.02
+    assert wilson_interval(400, 400)[1] == 1.0 and 0.98 < wilson_interval(400, 400)[0] < 1.0
+    assert all(math.isnan(x) for x in wilson_interval(0, 0))
