@@ -72,20 +72,32 @@ def solve(cells, kind: str, target) -> str:
     return str(sum(dict(values)[c] for c in line_of(cells, kind, index)) % 10)
 
 
+def read_row(cells, r: int) -> str:
+    """Row r as every trace and caption reads it."""
+    return f"row {r}: " + " ".join(cells[r - 1])
+
+
+def caption(cells) -> str:
+    """The whole grid, row by row (the grounding objective's target)."""
+    return " ".join(read_row(cells, r) + "." for r in range(1, len(cells) + 1))
+
+
 def reasoning_trace(cells, kind: str, target) -> str:
     """The program's step-by-step reading: what the small model learns to write and the large model
-    learns to use. Every step needs only what is near it: a row is read as a caption reads it, a
-    cell is named by its column number, a count is per row with the running total in parentheses,
-    a value is looked up by its colour, a running sum sits in parentheses."""
+    learns to use. Each step needs only what is near it, so a 2-layer model can take it: a cell is
+    named by its row and column right before it is read; a count reads a row, then counts that row
+    and adds it to the running total in parentheses; a value is copied from the question, where it
+    follows its colour as it does here; a running sum sits in parentheses. (What 2-layer models
+    trained here could not do: pick the c-th cell of a row they had just written, or decide cell by
+    cell whether it has the counted colour.)"""
     if kind == "colour_at":
         r, c = target
-        numbered = " ".join(f"{k} {colour}" for k, colour in enumerate(cells[r - 1], 1))
-        return f"row {r}: {numbered}. column {c}: {cells[r - 1][c - 1]}."
+        return f"row {r}, column {c}: {cells[r - 1][c - 1]}."
     if kind in ("any", "count"):
         n, rows = 0, []
         for r, row in enumerate(cells, 1):
             n += row.count(target)
-            rows.append(f"row {r}: {' '.join(row)}; {target} {row.count(target)} ({n}).")
+            rows.append(f"{read_row(cells, r)}; {target} {row.count(target)} ({n}).")
         return " ".join(rows) + f" total {n}."
     index, values = target
     values, total, words = dict(values), 0, []
@@ -136,27 +148,44 @@ def _cells(rng: random.Random, G: int) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(rng.choice(used) for _ in range(G)) for _ in range(G))
 
 
-def _question(rng: random.Random, cells, tier: str) -> tuple[str, str, object, list[str]]:
+# Several phrasings per question, and a preamble on half of them: the words before the answer vary in
+# length, so a model must find a cell by what it is (its row and column), not by how far back it sits.
+TEMPLATES = {
+    "colour_at": ("What colour is the cell in row {r}, column {c}?", "Which colour fills row {r}, column {c}?",
+                  "Look at row {r}. What colour is its cell in column {c}?"),
+    "any": ("Is there a {colour} cell?", "Does any cell of the grid have the colour {colour}?"),
+    "count": ("How many {colour} cells are there?", "Count the cells that are {colour}. How many are there?"),
+    "row_sum": ("Values: {values}, white 0. What is the sum of the values in row {r}, modulo 10?",
+                "Each colour has a value: {values}, white 0. Add up the values of the cells in row {r}. "
+                "What is the total modulo 10?"),
+}
+PREAMBLE = "The image shows a 4 by 4 grid of coloured cells."
+
+
+def _question(rng: random.Random, cells, tier: str) -> tuple[str, str, object, list[str] | None]:
     """(kind, question text, target, option pool) of one tier."""
     G = len(cells)
     present = sorted({c for row in cells for c in row} - {EMPTY})
-    if tier == "perceive":
-        if rng.random() < 0.7:
-            r, c = rng.randint(1, G), rng.randint(1, G)
-            return "colour_at", f"What colour is the cell in row {r}, column {c}?", (r, c), list(PALETTE)
+    if tier == "perceive" and rng.random() < 0.7:
+        kind, r, c = "colour_at", rng.randint(1, G), rng.randint(1, G)
+        target, pool, fields = (r, c), list(PALETTE), dict(r=r, c=c)
+    elif tier == "perceive":
         absent = sorted(set(COLOURS) - set(present))
         colour = rng.choice(absent) if absent and rng.random() < 0.5 else rng.choice(present)
-        return "any", f"Is there a {colour} cell?", colour, ["yes", "no"]
-    if tier == "count":
+        kind, target, pool, fields = "any", colour, ["yes", "no"], dict(colour=colour)
+    elif tier == "count":
         colour = rng.choice(present)
-        return "count", f"How many {colour} cells are there?", colour, None
-    kind = "row_sum"  # columns are supported (column_sum) but not in the mix: see the module docstring
-    index = rng.randint(1, G)
-    values = tuple((c, rng.randint(1, 9)) for c in COLOURS) + ((EMPTY, 0),)
-    listed = ", ".join(f"{c}={v}" for c, v in values if c != EMPTY)
-    axis = "row" if kind == "row_sum" else "column"
-    question = (f"Values: {listed}, white=0. What is the sum of the values in {axis} {index}, modulo 10?")
-    return kind, question, (index, values), [str(d) for d in range(10)]
+        kind, target, pool, fields = "count", colour, None, dict(colour=colour)
+    else:
+        # Row sums only: column sums are implemented (column_sum) but left out, see the module docstring.
+        values = tuple((c, rng.randint(1, 9)) for c in COLOURS) + ((EMPTY, 0),)
+        kind, r = "row_sum", rng.randint(1, G)
+        listed = ", ".join(f"{c} {v}" for c, v in values if c != EMPTY)
+        target, pool, fields = (r, values), [str(d) for d in range(10)], dict(r=r, values=listed)
+    question = rng.choice(TEMPLATES[kind]).format(**fields)
+    if rng.random() < 0.5:
+        question = f"{PREAMBLE} {question}"
+    return kind, question, target, pool
 
 
 def _count_pool(n: int, G: int) -> list[str]:
@@ -208,18 +237,36 @@ def grid_items(n: int, seed: int = 0, split: str = "eval") -> list[GridItem]:
     return [grid_item(make_seed(seed, i)) for i in range(n)]
 
 
+def write_sample(item: GridItem, folder, name: str = "grid") -> None:
+    """One item as the demo sends it: <name>.png and <name>.json (prompt with options, answer)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(folder)
+    (folder / f"{name}.png").write_bytes(item.image)
+    (folder / f"{name}.json").write_text(json.dumps({
+        "image": f"{name}.png", "prompt": item.prompt(), "tier": item.tier, "answer": item.answer,
+        "answer_text": item.options[LETTERS.index(item.answer)]}, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
-    """Export items as the benchmarks' JSONL (image as base64, question, options, answer, tier)."""
+    """Export items as the benchmarks' JSONL (image as base64, question, options, answer, tier), or
+    one held-out item as a demo sample."""
     import argparse
 
     from benchmarks.datasets import write_jsonl
 
-    ap = argparse.ArgumentParser(description="Write grid-task items as JSONL.")
-    ap.add_argument("out", help="the .jsonl file to write")
+    ap = argparse.ArgumentParser(description="Write grid-task items as JSONL, or one as a demo sample.")
+    ap.add_argument("out", help="the .jsonl file to write (with --sample: the folder)")
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--split", choices=["eval", "train"], default="eval", help="held-out (default) or training items")
+    ap.add_argument("--sample", type=int, metavar="INDEX", help="write item INDEX as OUT/grid.png + OUT/grid.json")
     args = ap.parse_args(argv)
+    if args.sample is not None:
+        write_sample(grid_items(args.sample + 1, args.seed, args.split)[-1], args.out)
+        print(f"wrote {args.split} item {args.sample} (seed {args.seed}) to {args.out}/grid.png and grid.json")
+        return 0
     write_jsonl(grid_items(args.n, args.seed, args.split), args.out)
     print(f"wrote {args.n} {args.split} items (seed {args.seed}) to {args.out}")
     return 0
