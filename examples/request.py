@@ -1,5 +1,7 @@
-"""Sends the README's sample request (examples/cat.png as a base64 data URL) to a running Tandem
-and prints the answer and its trace. Usage: python examples/request.py [BASE_URL] [MODEL]"""
+"""Sends the README's sample request to a running Tandem: examples/grid.png (a held-out item of the
+grid task the default models were trained on) as a base64 data URL, with its question and options.
+Prints the response with its trace, then the expected answer.
+Usage: python examples/request.py [BASE_URL] [MODEL]"""
 
 import base64
 import json
@@ -7,13 +9,19 @@ import sys
 import urllib.request
 from pathlib import Path
 
+here = Path(__file__).parent
 base = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000"
 model = sys.argv[2] if len(sys.argv) > 2 else "tandem"
-image = base64.b64encode((Path(__file__).parent / "cat.png").read_bytes()).decode()
+sample = json.loads((here / "grid.json").read_text())
+image = base64.b64encode((here / sample["image"]).read_bytes()).decode()
 body = {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": [
     {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}},
-    {"type": "text", "text": "How many legs does the cat have?"}]}]}
+    {"type": "text", "text": sample["prompt"]}]}]}
 request = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
 with urllib.request.urlopen(request, timeout=120) as response:
-    print(json.dumps(json.loads(response.read()), indent=2))
+    data = json.loads(response.read())
+print(json.dumps(data, indent=2))
+answer = data["choices"][0]["message"]["content"]
+print(f"\nquestion: {sample['prompt']!r}\nanswer: {answer!r}  (expected: {sample['answer_text']!r}, "
+      f"option {sample['answer']}; path: {data['tandem']['path']})")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, starts a local Ray cluster serving serve_config.yaml (the
-# tiny offline Qwen3-VL checkpoints), sends the sample request (examples/cat.png) and prints the
-# answer with its trace. Exits afterwards; with --serve it keeps serving until Ctrl-C.
+# tiny Qwen3-VL pair trained on the grid task, shipped in tandem/trained/), sends the sample request
+# (examples/grid.png, a held-out grid item) and prints the answer with its trace and the expected
+# answer. Exits afterwards; with --serve it keeps serving until Ctrl-C.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 keep=0; [ "${1:-}" = "--serve" ] && keep=1
@@ -26,7 +27,7 @@ for _ in $(seq 1 180); do
   sleep 1
 done
 curl -sf "$url/readyz" >/dev/null || { echo "Tandem did not come up in 180 s; see $log"; exit 1; }
-echo "Tandem is up at $url. Sample request (examples/cat.png, model=tandem):"
+echo "Tandem is up at $url. Sample request (examples/grid.png, model=tandem):"
 python examples/request.py "$url"
 if [ "$keep" = 1 ]; then
   echo "serving at $url until Ctrl-C"

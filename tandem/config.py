@@ -27,7 +27,8 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     """One model role (small reasoner or large answerer)."""
 
-    model: str = Field(description="Hub id (e.g. Qwen/Qwen3-VL-8B-Instruct), local path, tiny:small / "
+    model: str = Field(description="Hub id (e.g. Qwen/Qwen3-VL-8B-Instruct), local path, trained:small / "
+                                   "trained:large for the pair trained on the grid task (shipped), tiny:small / "
                                    "tiny:large for an offline random-init checkpoint built on first use, or "
                                    "random:qwen3-vl-<2b|4b|8b|32b> for one at a real model's size.")
     reasoning_format: Literal["think_tags", "prompted"] = Field(
@@ -109,8 +110,8 @@ class HttpConfig(_Strict):
 class TandemConfig(_Strict):
     """The whole pipeline: two models, the engine, the default policy, the selector and limits."""
 
-    small: ModelConfig = Field(ModelConfig(model="tiny:small"), description="The small reasoner.")
-    large: ModelConfig = Field(ModelConfig(model="tiny:large", reasoning_format="prompted"),
+    small: ModelConfig = Field(ModelConfig(model="trained:small"), description="The small reasoner.")
+    large: ModelConfig = Field(ModelConfig(model="trained:large", reasoning_format="prompted"),
                                description="The large answerer.")
     engine: Literal["transformers", "fake"] = Field("transformers", description="Engine behind both roles.")
     policy: PolicyConfig = Field(PolicyConfig(), description="Policy defaults.")

@@ -1,7 +1,8 @@
 """One local Ray cluster and Serve instance for the whole Serve test session, with two Tandem apps
 deployed from serve_config.yaml through the controller's config path (what `serve deploy` does):
-`tandem` (tiny small + tiny large: they disagree) and `agree` (the same tiny checkpoint in both
-roles: greedy answers agree; API keys on; its LargeAnswerer admits one request and queues one more,
+`tandem` (random-init tiny small + tiny large, chosen because they disagree on everything, so a
+`mutual` request always transfers) and `agree` (the same tiny checkpoint in both roles: greedy
+answers agree; API keys on; its LargeAnswerer admits one request and queues one more,
 so overload is easy to provoke). Torn down at the end."""
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def _free_port() -> int:
 def app_configs(large_batch: dict | None = None) -> list[dict]:
     base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
     tandem = copy.deepcopy(base)
+    tandem["args"]["small"] = {"model": "tiny:small", "reasoning_format": "think_tags"}
+    tandem["args"]["large"] = {"model": "tiny:large", "reasoning_format": "prompted"}
     for dep in tandem["deployments"]:
         if dep["name"] in ("SmallReasoner", "LargeAnswerer"):
             dep["user_config"] = dict(TEST_BATCH)

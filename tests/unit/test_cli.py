@@ -1,5 +1,5 @@
-"""`tandem ask` end to end on tiny checkpoints: the JSON a user scripts against carries the path,
-per-stage latency and tokens, and they agree with each other."""
+"""`tandem ask` end to end on the default (trained) checkpoints: the JSON a user scripts against carries
+the path, per-stage latency and tokens, and they agree with each other."""
 
 import json
 import subprocess
@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
-CAT = Path(__file__).resolve().parents[2] / "examples" / "cat.png"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize("policy, path", [("mutual", {"agree", "transfer"}), ("large", {"large"}),
                                           ("always", {"transfer"})])
 def test_ask_json(policy, path):
-    out = subprocess.run([sys.executable, "-m", "tandem.cli", "ask", "--image", str(CAT), "--policy", policy,
-                          "--json", "How many legs?"], capture_output=True, text=True, check=True)
+    sample = json.loads((EXAMPLES / "grid.json").read_text())
+    out = subprocess.run([sys.executable, "-m", "tandem.cli", "ask", "--image", str(EXAMPLES / sample["image"]),
+                          "--policy", policy, "--json", sample["prompt"]], capture_output=True, text=True, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["policy"] == policy and result["path"] in path
     assert isinstance(result["answer"], str)

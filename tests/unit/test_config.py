@@ -7,9 +7,10 @@ from tandem.config import TandemConfig, load_tandem_config
 from tandem.errors import ConfigError
 
 
-def test_defaults_serve_tiny_models():
+def test_defaults_serve_the_trained_pair():
     cfg = load_tandem_config({})
-    assert (cfg.small.model, cfg.large.model, cfg.policy.default) == ("tiny:small", "tiny:large", "mutual")
+    assert (cfg.small.model, cfg.large.model, cfg.policy.default) == ("trained:small", "trained:large", "mutual")
+    assert (cfg.small.reasoning_format, cfg.large.reasoning_format) == ("think_tags", "prompted")
 
 
 def test_unknown_key_is_named():
