@@ -95,9 +95,10 @@ class InProcess:
     """The core pipeline over engines loaded once; a pipeline per selector variant shares them."""
 
     def __init__(self, config: TandemConfig):
-        from tandem.local import load_engines
+        from tandem.local import load_engines, local_stages
 
         self.config, self.engines = config, load_engines(config)
+        self.stages = local_stages(self.engines)
         self.compare_budget = config.selector.budget_tokens
 
     def run(self, items: list[Item], policy: str, selector: str | None = None) -> list[dict]:
@@ -118,20 +119,24 @@ class InProcess:
                                result.transferred_tokens))
         return runs
 
-    def small_direct(self, items: list[Item]) -> list[dict]:
-        """The small model answering at once: `mutual`'s first stage on its own, through the same
-        stages (encode with its tower, then the direct prompt)."""
-        from tandem import prompts
-        from tandem.local import local_stages
+    async def _generate(self, role: str, prompt: str, feats):
+        """One short answer from one role, through the same stages the pipeline uses."""
         from tandem.schemas import GenerationRequest, SamplingParams
 
-        stages, fmt = local_stages(self.engines), self.config.small.reasoning_format
         sampling = SamplingParams(max_tokens=self.config.limits.answer_max_tokens)
+        return await getattr(self.stages, role)(GenerationRequest(prompt, feats, sampling))
+
+    def small_direct(self, items: list[Item]) -> list[dict]:
+        """The small model answering at once: `mutual`'s first stage on its own (encode with its
+        tower, then the direct prompt)."""
+        from tandem import prompts
+
+        fmt = self.config.small.reasoning_format
 
         async def one(item):
             start = time.perf_counter()
-            feats = await stages.encode([item.image], "small")
-            out = await stages.small(GenerationRequest(prompts.direct_prompt(item.prompt(), 1, fmt), feats, sampling))
+            feats = await self.stages.encode([item.image], "small")
+            out = await self._generate("small", prompts.direct_prompt(item.prompt(), 1, fmt), feats)
             return record(item, out.text.strip(), (time.perf_counter() - start) * 1000,
                           {"small_direct": out.completion_tokens}, "small_direct", 0)
 
@@ -144,31 +149,26 @@ class InProcess:
 
         from benchmarks.grid import corrupt_trace
         from tandem import prompts
-        from tandem.local import local_stages
-        from tandem.schemas import GenerationRequest, SamplingParams
 
-        stages, fmt = local_stages(self.engines), self.config.large.reasoning_format
-        sampling = SamplingParams(max_tokens=self.config.limits.answer_max_tokens)
-        rng = random.Random(0)
+        fmt, rng = self.config.large.reasoning_format, random.Random(0)
 
-        async def answer(item, hint):
-            feats = await stages.encode([item.image], "large")
-            prompt = prompts.transfer_prompt(item.prompt(), 1, hint, fmt)
-            return (await stages.large(GenerationRequest(prompt, feats, sampling))).text.strip()
+        async def answers(item, hints):
+            feats = await self.stages.encode([item.image], "large")  # once for both hints
+            return [(await self._generate("large", prompts.transfer_prompt(item.prompt(), 1, h, fmt), feats)).text
+                    for h in hints]
 
         counts: dict[str, Counter] = defaultdict(Counter)
         for item in items:
             trace, wrong = corrupt_trace(item, rng)
             if wrong == item.options[LETTERS.index(item.answer)]:
                 continue  # no misread changes this answer: nothing to follow
-            said = normalize_answer(asyncio.run(answer(item, trace)))
-            outcome = ("followed" if said == normalize_answer(wrong) else
+            said, clean = asyncio.run(answers(item, [trace, item.trace]))
+            outcome = ("followed" if normalize_answer(said) == normalize_answer(wrong) else
                        "true" if is_correct(said, item) else "other")
-            clean = is_correct(asyncio.run(answer(item, item.trace)), item)
             for key in ("all", item.tier):
                 counts[key][outcome] += 1
                 counts[key]["n"] += 1
-                counts[key]["clean_correct"] += clean
+                counts[key]["clean_correct"] += is_correct(clean, item)
         return {tier: {"n": c["n"], "followed_corrupted": round(c["followed"] / c["n"], 3),
                        "kept_true_answer": round(c["true"] / c["n"], 3),
                        "accuracy_with_clean_hint": round(c["clean_correct"] / c["n"], 3)}
@@ -392,8 +392,8 @@ def main(argv=None) -> int:
     if extras and args.dataset == "grid":
         report["corrupted_hints"] = runner.corrupted_hints(items)
         print("large model given a hint that misreads a cell:", json.dumps(report["corrupted_hints"]))
-    if findings(runs, rows):
-        report["findings"] = findings(runs, rows)
+    if found := findings(runs, rows):
+        report["findings"] = found
         for key, figures in report["findings"].items():
             print(f"{key}: {'met' if figures['met'] else 'NOT met'}  {figures}")
     out = Path(args.out) / f"strategies-{time.strftime('%Y%m%d-%H%M%S')}"
