@@ -1,5 +1,6 @@
 """Router: the HTTP ingress. Reads bytes, lets the core parse and validate them, runs the core
-pipeline with the three model deployments' handles as its stages, and writes the response.
+pipeline with the three model deployments' handles as its stages (streamed ones consumed with
+`handle.options(stream=True)` and forwarded as SSE deltas at once), and writes the response.
 Errors become OpenAI-shaped JSON here, once; metrics and the per-request log line are emitted here."""
 
 from __future__ import annotations
@@ -22,11 +23,31 @@ from tandem.auth import check_authorization, load_api_keys
 from tandem.config import TandemConfig
 from tandem.errors import NotFound, Overloaded, PayloadTooLarge, StageTimeout, TandemError
 from tandem.pipeline import Pipeline, Stages
-from tandem.schemas import TandemResult
+from tandem.schemas import GenerationOutput, GenerationRequest, TandemResult, TokenDelta
 
 logger = logging.getLogger("ray.serve")
 _INTERNAL = TandemError("internal error while answering; see the server log")
 _LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000]
+
+
+def _generate_stage(handle: DeploymentHandle):
+    """A pipeline stage over a model server: unary, or streamed (`stream=True`) when the pipeline
+    wants the text as it is decoded. Leaving a stream early cancels it on the replica."""
+    async def call(request: GenerationRequest, sink=None) -> GenerationOutput:
+        if sink is None:
+            return await handle.generate.remote(request)
+        events = handle.options(stream=True).stream.remote(request)
+        try:
+            async for event in events:
+                if isinstance(event, TokenDelta):
+                    sink(event.text)
+                else:
+                    return event
+        except BaseException:
+            events.cancel()
+            raise
+        raise RuntimeError("the model server's stream ended without an output")
+    return call
 
 
 class Router:
@@ -37,8 +58,7 @@ class Router:
         self.model_handles = {"VisionEncoder": vision, "SmallReasoner": small, "LargeAnswerer": large}
         self.pipeline = Pipeline(config, Stages(
             encode=lambda images, role: vision.encode.remote(images, role),
-            small=lambda request: small.generate.remote(request),
-            large=lambda request: large.generate.remote(request)))
+            small=_generate_stage(small), large=_generate_stage(large)))
         self.requests = Counter("tandem_requests", "Answered requests by policy and path.", ("policy", "path"))
         self.errors = Counter("tandem_errors", "Failed requests by HTTP status.", ("status",))
         self.transfers = Counter("tandem_transfers", "Requests whose small-model reasoning was transferred; "
@@ -109,9 +129,9 @@ class Router:
                 raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
         return bytes(body)
 
-    async def _answer(self, chat) -> TandemResult:
+    async def _answer(self, chat, on_delta=None) -> TandemResult:
         try:
-            result = await asyncio.wait_for(self.pipeline.answer(chat.ask), self.config.http.request_timeout_s)
+            result = await asyncio.wait_for(self.pipeline.answer(chat.ask, on_delta), self.config.http.request_timeout_s)
         except asyncio.TimeoutError:
             raise StageTimeout(f"request exceeded {self.config.http.request_timeout_s} s") from None
         except BackPressureError as err:
@@ -120,10 +140,22 @@ class Router:
         return result
 
     async def _stream(self, chat):
+        """SSE chunks as the pipeline decodes: reasoning deltas (when asked) and answer deltas the
+        moment they arrive, then usage and the trace. A client that disconnects closes this
+        generator, which cancels the pipeline and with it the rows decoding downstream."""
         created = int(time.time())
         yield openai_api.stream_start(chat, created)
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(self._answer(chat, lambda kind, text: queue.put_nowait((kind, text))))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        answer = openai_api.AnswerStream()
         try:
-            result = await self._answer(chat)
+            while (item := await queue.get()) is not None:
+                kind, text = item
+                piece = answer.feed(text) if kind == "content" else text
+                if piece:
+                    yield openai_api.stream_delta(chat, created, kind, piece)
+            result = task.result()
         except Exception as err:  # headers are sent: the error travels as the stream's last event
             if not isinstance(err, TandemError):
                 logger.exception("tandem stream failed: %s", chat.ask.request_id)
@@ -132,7 +164,10 @@ class Router:
             yield f"data: {json.dumps(err.to_openai())}\n\n"
             yield "data: [DONE]\n\n"
             return
-        for chunk in openai_api.stream_rest(result, chat, created, openai_api.answer_pieces(result.answer)):
+        finally:
+            if not task.done():
+                task.cancel()
+        for chunk in openai_api.stream_rest(result, chat, created, openai_api.answer_pieces(answer.rest(result.answer))):
             yield chunk
 
     def _record(self, result: TandemResult) -> None:

@@ -7,6 +7,7 @@ and surrounding whitespace ignored).
 
 from __future__ import annotations
 
+import math
 import re
 
 _WORD_NUMBERS = {w: i for i, w in enumerate(
@@ -41,7 +42,11 @@ def normalize_answer(text: str) -> str:
 
 
 def _canonical_number(s: str) -> str:
+    """'4.0' -> '4'; a number too long for a float (a model that repeats digits) stays as written,
+    without leading zeros, rather than overflowing."""
     value = float(s)
+    if not math.isfinite(value) or abs(value) >= 2**53:
+        return s.lstrip("0") or "0"
     return str(int(value)) if value == int(value) else repr(value)
 
 

@@ -107,6 +107,15 @@ class HttpConfig(_Strict):
                                                        "environment variable).")
 
 
+class FakeEngineConfig(_Strict):
+    """The model-free engine (`engine: fake`), for orchestration tests and the bare cost of Serve."""
+
+    step_s: float = Field(0.0, ge=0, description="Fixed cost of one decoding step, whatever the batch size "
+                                                 "(as on a GPU).")
+    answer_words: int = Field(1, gt=0, description="Words of a direct answer.")
+    reasoning_words: int = Field(64, gt=0, description="Words of a reasoning.")
+
+
 class TandemConfig(_Strict):
     """The whole pipeline: two models, the engine, the default policy, the selector and limits."""
 
@@ -114,6 +123,7 @@ class TandemConfig(_Strict):
     large: ModelConfig = Field(ModelConfig(model="trained:large", reasoning_format="prompted"),
                                description="The large answerer.")
     engine: Literal["transformers", "fake"] = Field("transformers", description="Engine behind both roles.")
+    fake: FakeEngineConfig = Field(FakeEngineConfig(), description="Settings of the fake engine.")
     policy: PolicyConfig = Field(PolicyConfig(), description="Policy defaults.")
     selector: SelectorConfig = Field(SelectorConfig(), description="Reasoning selector.")
     limits: GenerationLimits = Field(GenerationLimits(), description="Token budgets.")

@@ -1,6 +1,7 @@
 """The pipeline in one process: engines behind the three stages, called in worker threads.
 
-What `tandem ask` and in-process benchmarks run. Under Serve, `deployments/` replaces these stages
+What `tandem ask` and in-process benchmarks run; each stage streams from its engine's decode loop,
+so a cancelled stage stops decoding there too. Under Serve, `deployments/` replaces these stages
 with deployment handles; the pipeline is the same.
 """
 
@@ -12,7 +13,7 @@ from tandem.config import TandemConfig
 from tandem.engines import ROLES, make_engine
 from tandem.engines.protocol import VisionEngines
 from tandem.pipeline import Pipeline, Stages
-from tandem.schemas import AskRequest, TandemResult
+from tandem.schemas import AskRequest, TandemResult, TokenDelta
 
 
 def load_engines(config: TandemConfig) -> dict:
@@ -27,9 +28,18 @@ def local_stages(engines: dict) -> Stages:
         return await asyncio.to_thread(vision.encode_images, images, role)
 
     def generate_with(engine):
-        async def generate(request):
-            engine.validate(request)
-            return (await asyncio.to_thread(engine.generate, [request]))[0]
+        async def generate(request, sink=None):
+            stream = engine.stream(request)
+            try:
+                async for event in stream:
+                    if isinstance(event, TokenDelta):
+                        if sink:
+                            sink(event.text)
+                    else:
+                        return event
+            finally:  # a cancelled stage leaves the engine's batch at its next step
+                await stream.aclose()
+            raise RuntimeError("the engine's stream ended without an output")
         return generate
 
     return Stages(encode=encode, small=generate_with(engines["small"]), large=generate_with(engines["large"]))

@@ -61,11 +61,28 @@ def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None
         raise BadRequest("request body must be a JSON object")
     policy = policy_for_model(data.get("model"), config.policy.default)
     question, images = _parse_messages(data.get("messages"), http)
+    options = _tandem_options(data.get("tandem"))
     return ChatRequest(
         ask=AskRequest(question=question, images=images, policy=policy,
                        max_tokens=_max_tokens(data, config), temperature=_temperature(data),
-                       request_id=request_id or f"chatcmpl-{uuid.uuid4().hex[:24]}"),
+                       request_id=request_id or f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                       stream_reasoning=options.get("stream_reasoning", False)),
         model=data["model"], stream=_flag(data, "stream"))
+
+
+_TANDEM_OPTIONS = ("stream_reasoning",)
+
+
+def _tandem_options(value: object) -> dict:
+    """The body's `tandem` object (the openai client sends it with `extra_body`)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise BadRequest("'tandem' must be an object", param="tandem")
+    unknown = sorted(set(value) - set(_TANDEM_OPTIONS))
+    if unknown:
+        raise BadRequest(f"unknown 'tandem' option(s) {unknown}; known: {list(_TANDEM_OPTIONS)}", param="tandem")
+    return {key: _flag(value, key) for key in value}
 
 
 def _flag(data: dict, key: str) -> bool:
@@ -163,8 +180,12 @@ def _load_image(image_url: object, where: str, http: HttpConfig) -> bytes:
 
 
 def usage(result: TandemResult) -> dict:
+    """OpenAI's usage: completion tokens of every stage, those of reasoning stages among them; no
+    engine here reuses a prompt prefix yet, so no prompt token is cached."""
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens}
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": result.reasoning_tokens}}
 
 
 def chat_completion(result: TandemResult, chat: ChatRequest, created: int | None = None) -> dict:
@@ -187,9 +208,37 @@ def stream_start(chat: ChatRequest, created: int) -> str:
     return _chunk(chat, created, {"role": "assistant", "content": ""})
 
 
+def stream_delta(chat: ChatRequest, created: int, kind: str, text: str) -> str:
+    """One decoded piece: answer text as `content`, reasoning as `reasoning_content` (the vLLM and
+    DeepSeek convention, which OpenAI clients pass through in `model_extra`)."""
+    return _chunk(chat, created, {"content" if kind == "content" else "reasoning_content": text})
+
+
+class AnswerStream:
+    """The answer's deltas as the client must see them: the non-streamed answer is the final text
+    stripped, so leading whitespace is dropped and trailing whitespace held until more text follows."""
+
+    def __init__(self):
+        self.sent, self._held = "", ""
+
+    def feed(self, text: str) -> str:
+        if not self.sent:
+            text = text.lstrip()
+        body = self._held + text
+        kept = body.rstrip()
+        self._held = body[len(kept):]
+        self.sent += kept
+        return kept
+
+    def rest(self, answer: str) -> str:
+        """What the client has not seen of the final answer (all of it when nothing streamed: an
+        answer decided after it was made, such as mutual's agreement)."""
+        return answer[len(self.sent):] if answer.startswith(self.sent) else ""
+
+
 def stream_rest(result: TandemResult, chat: ChatRequest, created: int, pieces: list[str]) -> list[str]:
-    """Content chunks (the pieces reassemble to the answer), a closing chunk carrying usage and the
-    trace, and [DONE]."""
+    """Content chunks (what remains of the answer), a closing chunk carrying usage and the trace,
+    and [DONE]."""
     chunks = [_chunk(chat, created, {"content": p}) for p in pieces if p]
     chunks.append(_chunk(chat, created, {}, result.finish_reason, usage=usage(result), tandem=result.trace()))
     chunks.append("data: [DONE]\n\n")

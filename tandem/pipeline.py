@@ -1,10 +1,16 @@
 """The Tandem pipeline: one async function per request over three injected stages.
 
-`Stages.encode(images, role)` turns image bytes into that role's features; `Stages.small(request)`
-and `Stages.large(request)` generate. In-process they call engines in threads; under Serve they are
-deployment handles. The pipeline encodes each image once per model per request, reuses the
-features across stages, runs independent stages concurrently, and returns the path it took with the
-per-stage latency and token counts. It knows nothing of Ray, HTTP or tokenizers.
+`Stages.encode(images, role)` turns image bytes into that role's features; `Stages.small(request,
+sink)` and `Stages.large(request, sink)` generate, handing each decoded piece of text to `sink` when
+one is given (streaming). In-process they call engines; under Serve they are deployment handles. The
+pipeline encodes each image once per model per request, reuses the features across stages, runs
+independent stages concurrently, and returns the path it took with the per-stage latency, token
+counts and batching. It knows nothing of Ray, HTTP or tokenizers.
+
+Streaming (`answer(request, on_delta)`): the stage that makes the final answer streams its text as
+"content" as soon as the path is known; reasoning stages on the answer's path stream as "reasoning"
+when the request asks (`stream_reasoning`). An answer decided after it was made (mutual's agreement,
+confidence above its threshold) has nothing left to stream: the caller sends it whole.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from tandem.schemas import (AskRequest, Decision, GenerationOutput, GenerationRe
 from tandem.selectors import select_reasoning
 
 EncodeStage = Callable[[list[bytes], str], Awaitable[list[ImageFeatures]]]
-GenerateStage = Callable[[GenerationRequest], Awaitable[GenerationOutput]]
+TextSink = Callable[[str], None]
+GenerateStage = Callable[[GenerationRequest, TextSink | None], Awaitable[GenerationOutput]]
+DeltaSink = Callable[[str, str], None]  # (kind: "content" | "reasoning", text)
 
 
 @dataclass
@@ -42,11 +50,11 @@ class Pipeline:
         self.rng = rng or random.Random(config.policy.seed)
         self.clock = clock
 
-    async def answer(self, request: AskRequest) -> TandemResult:
+    async def answer(self, request: AskRequest, on_delta: DeltaSink | None = None) -> TandemResult:
         policy = request.policy or self.config.policy.default
         if policy not in POLICY_NAMES:
             raise NotFound(f"unknown policy '{policy}'; known: {', '.join(POLICY_NAMES)}", param="model")
-        run = _Run(self, request, policy)
+        run = _Run(self, request, policy, on_delta)
         start = self.clock()
         try:
             path, final, decision = await getattr(run, f"policy_{policy}")()
@@ -65,14 +73,36 @@ class _SmallFailed(Exception):
     """A small-model stage failed; raised from the original error, which is its __cause__."""
 
 
-class _Run:
-    """The state of one request: its feature tasks, its stage timings and token counts."""
+class _Gate:
+    """Holds a stage's streamed text until the path that uses it is chosen (mutual's speculative
+    reasoning), then passes everything on; closed for good if the path is not taken."""
 
-    def __init__(self, pipeline: Pipeline, request: AskRequest, policy: str):
+    def __init__(self, sink: TextSink):
+        self.sink, self.held, self.is_open = sink, [], False
+
+    def __call__(self, text: str) -> None:
+        if self.is_open:
+            self.sink(text)
+        else:
+            self.held.append(text)
+
+    def open(self) -> None:
+        self.is_open = True
+        for text in self.held:
+            self.sink(text)
+        self.held = []
+
+
+class _Run:
+    """The state of one request: its feature tasks, its stage timings, token counts and batching."""
+
+    def __init__(self, pipeline: Pipeline, request: AskRequest, policy: str, on_delta: DeltaSink | None = None):
         self.p, self.req, self.policy = pipeline, request, policy
         self.cfg = pipeline.config
+        self.on_delta = on_delta
         self.latency_ms: dict[str, float] = {}
         self.tokens: dict[str, int] = {}
+        self.stages: dict[str, dict] = {}
         self.prompt_tokens = 0
         self.images_encoded: dict[str, int] = {}
         self.transferred_tokens = 0
@@ -111,17 +141,33 @@ class _Run:
         self.images_encoded[role] = self.images_encoded.get(role, 0) + len(self.req.images)
         return feats
 
+    # --- streaming sinks ---------------------------------------------------------------------------
+    @property
+    def content(self) -> TextSink | None:
+        """Where the final answer's text goes as it is decoded."""
+        return (lambda text: self.on_delta("content", text)) if self.on_delta else None
+
+    @property
+    def reasoning_sink(self) -> TextSink | None:
+        if self.on_delta and self.req.stream_reasoning:
+            return lambda text: self.on_delta("reasoning", text)
+        return None
+
     async def generate(self, stage: str, role: str, prompt: str, max_tokens: int,
-                       stop: tuple[str, ...] = (), attend_to: str | None = None) -> GenerationOutput:
+                       stop: tuple[str, ...] = (), attend_to: str | None = None,
+                       sink: TextSink | None = None, logprobs: bool = False) -> GenerationOutput:
         feats = await self.features(role)
         request = GenerationRequest(prompt=prompt, images=feats, request_id=self.req.request_id, attend_to=attend_to,
-                                    sampling=SamplingParams(max_tokens=max_tokens,
-                                                            temperature=self.req.temperature, stop=stop))
+                                    sampling=SamplingParams(max_tokens=max_tokens, temperature=self.req.temperature,
+                                                            stop=stop, logprobs=logprobs))
         start = self.p.clock()
-        out = await self._call(stage, role, getattr(self.p.stages, role)(request))
+        out = await self._call(stage, role, getattr(self.p.stages, role)(request, sink))
         self.latency_ms[stage] = (self.p.clock() - start) * 1000
         self.tokens[stage] = out.completion_tokens
         self.prompt_tokens += out.prompt_tokens
+        self.stages[stage] = {"decode_steps": out.decode_steps, "decode_ms": round(out.decode_ms, 3),
+                              "ttft_ms": round(out.ttft_ms, 3), "queue_ms": round(out.queue_ms, 3),
+                              "batch_size": out.batch_size}
         return out
 
     @property
@@ -135,30 +181,33 @@ class _Run:
     def n_images(self) -> int:
         return len(self.req.images)
 
-    def direct(self, role: str) -> asyncio.Future:
+    def direct(self, role: str, final: bool = False) -> asyncio.Future:
         """The role's direct answer, started once per request: a degraded fallback after a small-model
-        failure reuses the large model's stage-1 answer instead of generating it again."""
+        failure reuses the large model's stage-1 answer instead of generating it again. `final`: it is
+        the answer (streamed); the confidence policy needs its log-probabilities."""
         if role not in self._direct:
             prompt = prompts.direct_prompt(self.req.question, self.n_images, self.fmt(role))
+            logprobs = role == "large" and self.policy == "confidence"
             self._direct[role] = asyncio.ensure_future(
-                self.generate(f"{role}_direct", role, prompt, self.answer_tokens))
+                self.generate(f"{role}_direct", role, prompt, self.answer_tokens,
+                              sink=self.content if final else None, logprobs=logprobs))
         return self._direct[role]
 
-    async def reason(self, role: str) -> tuple[str, list[str], str]:
+    async def reason(self, role: str, sink: TextSink | None = None) -> tuple[str, list[str], str]:
         """Reasoning only: returns (prompt, reasoning token texts, reasoning text)."""
         fmt = self.fmt(role)
         prompt = prompts.reasoning_prompt(self.req.question, self.n_images, fmt)
         out = await self.generate(f"{role}_reasoning", role, prompt, self.cfg.limits.reasoning_max_tokens,
-                                  stop=(prompts.reasoning_stop(fmt),))
+                                  stop=(prompts.reasoning_stop(fmt),), sink=sink)
         return prompt, out.token_texts, out.text
 
     async def reason_then_answer(self, role: str) -> GenerationOutput:
-        prompt, _, reasoning = await self.reason(role)
+        prompt, _, reasoning = await self.reason(role, self.reasoning_sink)
         follow = prompts.answer_after_reasoning(prompt, reasoning, self.fmt(role))
-        return await self.generate(f"{role}_answer", role, follow, self.answer_tokens)
+        return await self.generate(f"{role}_answer", role, follow, self.answer_tokens, sink=self.content)
 
     async def transfer(self, reasoning: Awaitable[tuple[str, list[str], str]] | None = None) -> GenerationOutput:
-        prompt, token_texts, text = await (reasoning or self.reason("small"))
+        prompt, token_texts, text = await (reasoning or self.reason("small", self.reasoning_sink))
         scores = None
         if self.cfg.selector.kind == "attention":
             # The small model answers after its reasoning; what that answer attended to is what matters.
@@ -172,11 +221,11 @@ class _Run:
         self.latency_ms["selector"] = (self.p.clock() - start) * 1000
         self.transferred_tokens, self.excerpt = selection.token_count, selection.text
         prompt = prompts.transfer_prompt(self.req.question, self.n_images, selection.text, self.fmt("large"))
-        return await self.generate("large_transfer", "large", prompt, self.answer_tokens)
+        return await self.generate("large_transfer", "large", prompt, self.answer_tokens, sink=self.content)
 
     # --- policies: each returns (path, final output, decision) ----------------------------------
     async def policy_large(self):
-        return "large", await self.direct("large"), None
+        return "large", await self.direct("large", final=True), None
 
     async def policy_small(self):
         return "small", await self.reason_then_answer("small"), None
@@ -188,7 +237,8 @@ class _Run:
         return "transfer", await self.transfer(), Decision(True, "always transfer")
 
     async def policy_mutual(self):
-        speculative = asyncio.ensure_future(self.reason("small")) if self.cfg.policy.speculative else None
+        gate = _Gate(self.reasoning_sink) if self.reasoning_sink else None
+        speculative = asyncio.ensure_future(self.reason("small", gate)) if self.cfg.policy.speculative else None
         try:
             small, large = await asyncio.gather(self.direct("small"), self.direct("large"))
         except BaseException:
@@ -201,6 +251,8 @@ class _Run:
             if speculative:
                 speculative.cancel()
             return "agree", large, decision
+        if gate:
+            gate.open()
         return "transfer", await self.transfer(speculative), decision
 
     async def policy_confidence(self):
@@ -214,7 +266,7 @@ class _Run:
         decision = decide_random(self.cfg.policy.random_transfer_p, self.p.rng)
         if decision.transfer:
             return "transfer", await self.transfer(), decision
-        return "large", await self.direct("large"), decision
+        return "large", await self.direct("large", final=True), decision
 
     def result(self, path: str, final: GenerationOutput, decision: Decision | None) -> TandemResult:
         return TandemResult(
@@ -222,4 +274,5 @@ class _Run:
             latency_ms=self.latency_ms, tokens=self.tokens, transferred_tokens=self.transferred_tokens,
             prompt_tokens=self.prompt_tokens, completion_tokens=sum(self.tokens.values()),
             images_encoded=self.images_encoded, finish_reason=final.finish_reason,
-            reasoning_excerpt=self.excerpt, request_id=self.req.request_id, degraded=self.degraded)
+            reasoning_excerpt=self.excerpt, request_id=self.req.request_id, degraded=self.degraded,
+            stages=self.stages)

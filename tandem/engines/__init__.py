@@ -12,8 +12,10 @@ def make_engine(config, role: str, *, vision: bool = True, language: bool = True
     encoder needs no decoder, a model server no vision tower."""
     limit = config.limits.max_prompt_tokens
     if config.engine == "fake":
-        from tandem.engines.fake import FakeEngine
-        return FakeEngine(role, max_prompt_tokens=limit)
+        from tandem.engines.fake import FakeEngine, default_rule
+        fake = config.fake
+        return FakeEngine(role, default_rule(fake.answer_words, fake.reasoning_words), step_s=fake.step_s,
+                          max_prompt_tokens=limit)
     from tandem.engines.transformers_engine import TransformersEngine
     return TransformersEngine(config.model(role), name=role, vision=vision, language=language,
                               max_prompt_tokens=limit)

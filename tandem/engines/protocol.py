@@ -1,11 +1,12 @@
 """The two roles an engine plays. Vision: encode images with one model's own vision tower.
-Generation: complete a batch of prompts given precomputed image features. Nothing else."""
+Generation: stream one request's text as it is decoded (the streaming engine interface every
+generation engine implements), or complete a batch. Nothing else."""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import AsyncIterator, Protocol, runtime_checkable
 
-from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures
+from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, TokenDelta
 
 
 @runtime_checkable
@@ -22,12 +23,14 @@ class GenerationEngine(Protocol):
     def warm_up(self) -> None:
         """Run once before serving, so no client pays a cold start."""
 
-    def validate(self, request: GenerationRequest) -> None:
-        """Raise BadRequest if this request can't run (prompt over the token limit, placeholders
-        and features that differ): checked alone, so one bad request never fails a whole batch."""
+    def stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | GenerationOutput]:
+        """Text deltas as decoded, then the output. The request decodes among whatever else the
+        engine is running and finishes on its own; closing the iterator early stops its decoding.
+        A request that can't run (prompt over the token limit, placeholders and features that
+        differ) raises BadRequest here, alone: one bad request never fails the others."""
 
     def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
-        """One output per request, in order. Requests may differ in sampling parameters."""
+        """Blocking: one output per request, in order. Requests may differ in sampling parameters."""
 
 
 class VisionEngines:

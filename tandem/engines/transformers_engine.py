@@ -2,21 +2,23 @@
 its decoder, or both.
 
 Generation takes precomputed image features (`mm_encoder_outputs`) instead of pixels, so the vision
-tower never runs twice for one image; a batch is left-padded and generated in one call per group of
-equal sampling parameters. Returns text, token ids, per-token log-probabilities and timing.
+tower never runs twice for one image. It runs step by step under a `DecodeLoop` (engines/decoding.py):
+this module prefills left-padded prompts, joins batches, drops rows and decodes one step over a
+DynamicCache; the loop decides who joins, who leaves and what streams.
 """
 
 from __future__ import annotations
 
-import itertools
-import time
+from dataclasses import dataclass
+from typing import Any
 
 import torch
-from transformers import AutoModelForImageTextToText, LogitsProcessor, LogitsProcessorList
+from transformers import AutoModelForImageTextToText
 from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
+from tandem.engines.decoding import DecodeLoop, Prepared
 from tandem.errors import BadRequest
 from tandem.images import decode_image
 from tandem.processors import load_processor
@@ -26,15 +28,24 @@ from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, S
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
-class _StepClock(LogitsProcessor):
-    """Records when each decoding step's logits arrive: the first one marks the end of prefill."""
+@dataclass
+class _Batch:
+    """The running batch: its KV cache, attention mask, each row's next rotary position, and each
+    row's scores for its next token."""
 
-    def __init__(self):
-        self.times: list[float] = []
+    cache: Any
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+    logits: torch.Tensor
 
-    def __call__(self, input_ids, scores):
-        self.times.append(time.perf_counter())
-        return scores
+
+def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - x.shape[dim]
+    if missing <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim)
 
 
 class TransformersEngine:
@@ -58,6 +69,7 @@ class TransformersEngine:
         self.image_token_id = self.processor.image_token_id
         self.merge_size = self.processor.image_processor.merge_size
         self.stop_token_ids = self._stop_token_ids()
+        self.loop = DecodeLoop(self, name=f"decode-{name}")
 
     def _stop_token_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
@@ -96,21 +108,20 @@ class TransformersEngine:
                               grid_thw=tuple(int(x) for x in grid[i]), merge_size=self.merge_size)
                 for i in range(len(pil))]
 
-    # --- generation -----------------------------------------------------------------------------
+    # --- generation: a DecodeLoop drives the steps below --------------------------------------
     def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
-        outputs: list[GenerationOutput | None] = [None] * len(batch)
-        key = lambda i: (batch[i].sampling.temperature, batch[i].sampling.stop)  # noqa: E731
-        for _, group in itertools.groupby(sorted(range(len(batch)), key=key), key=key):
-            idx = list(group)
-            for i, out in zip(idx, self._generate_group([batch[i] for i in idx])):
-                outputs[i] = out
-        return outputs  # type: ignore[return-value]
+        return self.loop.generate(batch)
 
-    def validate(self, request: GenerationRequest) -> None:
-        n = len(self.tokenizer(self._expand_placeholders(request))["input_ids"])
-        if n > self.max_prompt_tokens:
-            raise BadRequest(f"prompt is {n} tokens for model '{self.name}'; the limit is {self.max_prompt_tokens}",
-                             param="messages")
+    def stream(self, request: GenerationRequest):
+        return self.loop.stream(request)
+
+    def prepare(self, request: GenerationRequest) -> Prepared:
+        """The prompt's token ids, checked against the limit (runs on the loop's thread)."""
+        ids = self.tokenizer(self._expand_placeholders(request))["input_ids"]
+        if len(ids) > self.max_prompt_tokens:
+            raise BadRequest(f"prompt is {len(ids)} tokens for model '{self.name}'; the limit is "
+                             f"{self.max_prompt_tokens}", param="messages")
+        return Prepared(len(ids), ids)
 
     def _expand_placeholders(self, request: GenerationRequest) -> str:
         parts = request.prompt.split(IMAGE_PAD)
@@ -122,46 +133,93 @@ class TransformersEngine:
         pads = [IMAGE_PAD * f.num_tokens for f in request.images] + [""]
         return "".join(p + pad for p, pad in zip(parts, pads))
 
+    def _features(self, batch: list[GenerationRequest]) -> dict:
+        feats = [f for r in batch for f in r.images]
+        if not feats:
+            return {}
+        dtype = self.model.dtype
+        return {"image_grid_thw": torch.tensor([f.grid_thw for f in feats], dtype=torch.long, device=self.device),
+                "mm_encoder_outputs": {"image": BaseModelOutputWithDeepstackFeatures(
+                    pooler_output=tuple(f.embeds.to(self.device, dtype) for f in feats),
+                    deepstack_features=[tuple(f.deepstack[k].to(self.device, dtype) for f in feats)
+                                        for k in range(len(feats[0].deepstack))])}}
+
     def _model_inputs(self, batch: list[GenerationRequest]) -> dict:
         texts = [self._expand_placeholders(r) for r in batch]
         enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
-        inputs = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-                  "mm_token_type_ids": (enc["input_ids"] == self.image_token_id).long()}
-        feats = [f for r in batch for f in r.images]
-        if feats:
-            inputs["image_grid_thw"] = torch.tensor([f.grid_thw for f in feats], dtype=torch.long)
-            dtype = self.model.dtype
-            inputs["mm_encoder_outputs"] = {"image": BaseModelOutputWithDeepstackFeatures(
-                pooler_output=tuple(f.embeds.to(self.device, dtype) for f in feats),
-                deepstack_features=[tuple(f.deepstack[k].to(self.device, dtype) for f in feats)
-                                    for k in range(len(feats[0].deepstack))])}
-        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        inputs = {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.image_token_id).long()
+        return {**inputs, **self._features(batch)}
 
     @torch.inference_mode()
-    def _generate_group(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
-        sampling = batch[0].sampling
-        inputs = self._model_inputs(batch)
-        prompt_len = inputs["input_ids"].shape[1]
-        clock = _StepClock()
-        kwargs = dict(do_sample=sampling.temperature > 0)
-        if sampling.temperature > 0:
-            kwargs.update(temperature=sampling.temperature, top_k=0, top_p=1.0)
-        if sampling.stop:
-            kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
-        start = time.perf_counter()
-        out = self.model.generate(**inputs, max_new_tokens=max(r.sampling.max_tokens for r in batch),
-                                  output_logits=True, return_dict_in_generate=True,
-                                  logits_processor=LogitsProcessorList([clock]), **kwargs)
-        latency_ms = (time.perf_counter() - start) * 1000
-        ttft_ms = ((clock.times[0] if clock.times else time.perf_counter()) - start) * 1000
-        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1) if out.logits else None
-        outputs = [self._output(r, i, out.sequences[i, prompt_len:], logprobs, inputs, latency_ms, ttft_ms, len(batch))
-                   for i, r in enumerate(batch)]
-        for request, output in zip(batch, outputs):
-            if request.attend_to is not None:
-                output.span_token_texts, output.span_scores = self._attention_over(request, output.text)
-        return outputs
+    def prefill(self, requests: list[GenerationRequest], prepared: list[Prepared]) -> _Batch:
+        """Left-padded prompts through the model once; 3D rotary positions computed here, per row, so
+        rows prefilled apart can decode together (the model's own `rope_deltas` is one per call)."""
+        prepared = [p.data for p in prepared]
+        width = max(map(len, prepared))
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prepared], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prepared], device=self.device)
+        types = (ids == self.image_token_id).long()
+        extra = self._features(requests)
+        if extra:
+            positions, _ = self.model.model.get_rope_index(ids, mm_token_type_ids=types, attention_mask=mask,
+                                                           image_grid_thw=extra["image_grid_thw"])
+        else:
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[None].expand(3, -1, -1)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, mm_token_type_ids=types,
+                         use_cache=True, logits_to_keep=1, **extra)
+        return _Batch(cache=out.cache, mask=mask, next_pos=positions[:, :, -1].max(0).values + 1,
+                      logits=out.logits[:, -1].float())
 
+    def join(self, a: _Batch, b: _Batch) -> _Batch:
+        """One batch of both: the shorter one left-padded (keys, values and mask) to the longer."""
+        width = max(a.mask.shape[1], b.mask.shape[1])
+        for la, lb in zip(a.cache.layers, b.cache.layers):
+            la.keys = torch.cat([_pad_left(la.keys, width, 2), _pad_left(lb.keys, width, 2)])
+            la.values = torch.cat([_pad_left(la.values, width, 2), _pad_left(lb.values, width, 2)])
+        return _Batch(cache=a.cache, mask=torch.cat([_pad_left(a.mask, width, 1), _pad_left(b.mask, width, 1)]),
+                      next_pos=torch.cat([a.next_pos, b.next_pos]), logits=torch.cat([a.logits, b.logits]))
+
+    def keep(self, state: _Batch, rows: list[int]) -> _Batch:
+        """Only these rows, and no leading columns that are padding in all of them."""
+        idx = torch.tensor(rows, device=self.device)
+        mask = state.mask[idx]
+        first = int(mask.any(0).long().argmax())
+        for layer in state.cache.layers:
+            layer.keys, layer.values = layer.keys[idx, :, first:], layer.values[idx, :, first:]
+        return _Batch(cache=state.cache, mask=mask[:, first:], next_pos=state.next_pos[idx], logits=state.logits[idx])
+
+    def choose(self, state: _Batch, sampling: list[SamplingParams]) -> list[tuple[int, float | None]]:
+        """Each row's next token (greedy, or sampled at its temperature), and its log-probability only
+        where the row asked for it: one logsumexp per such row, not a log-softmax over the vocabulary."""
+        logits, chosen = state.logits, state.logits.argmax(-1).tolist()
+        out = []
+        for i, s in enumerate(sampling):
+            token = chosen[i]
+            if s.temperature > 0:
+                token = int(torch.multinomial(torch.softmax(logits[i] / s.temperature, -1), 1))
+            lp = float(logits[i, token] - torch.logsumexp(logits[i], -1)) if s.logprobs else None
+            out.append((token, lp))
+        return out
+
+    @torch.inference_mode()
+    def advance(self, state: _Batch, token_ids: list[int]) -> None:
+        ids = torch.tensor(token_ids, device=self.device)[:, None]
+        state.mask = torch.cat([state.mask, state.mask.new_ones(len(token_ids), 1)], 1)
+        positions = state.next_pos.view(1, -1, 1).expand(3, -1, -1)
+        out = self.model(input_ids=ids, attention_mask=state.mask, position_ids=positions, cache=state.cache,
+                         use_cache=True, logits_to_keep=1)
+        state.logits, state.next_pos = out.logits[:, -1].float(), state.next_pos + 1
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=True)
+
+    def finish(self, request: GenerationRequest, output: GenerationOutput) -> None:
+        if request.attend_to is not None:
+            output.span_token_texts, output.span_scores = self._attention_over(request, output.text)
+
+    @torch.inference_mode()
     def _attention_over(self, request: GenerationRequest, answer: str) -> tuple[list[str], list[float]]:
         """Tokens of `request.attend_to` within the prompt, each with the attention the answer's tokens
         paid it (mean over layers, heads and answer positions). One eager forward over prompt+answer:
@@ -186,29 +244,3 @@ class TransformersEngine:
         scores = attn[:, :, queries, :].mean(dim=(0, 1, 2))
         keep = [j for j, (a, b) in enumerate(offsets) if b > a and a >= start and b <= end]
         return [text[offsets[j][0]:offsets[j][1]] for j in keep], [float(scores[j]) for j in keep]
-
-    def _output(self, request, i, new_tokens, logprobs, inputs, latency_ms, ttft_ms, batch_size) -> GenerationOutput:
-        ids = new_tokens.tolist()[: request.sampling.max_tokens]
-        finish = "length"
-        for n, t in enumerate(ids):
-            if t in self.stop_token_ids:
-                ids, finish = ids[:n], "stop"
-                break
-        texts = [self.tokenizer.decode([t], skip_special_tokens=True) for t in ids]
-        text = "".join(texts)
-        for stop in request.sampling.stop:
-            if stop in text:
-                ids, texts, text, finish = self._cut_at(ids, texts, text.index(stop)) + ("stop",)
-        lps = [float(logprobs[i, n, t]) for n, t in enumerate(ids)] if logprobs is not None else []
-        return GenerationOutput(text=text, token_ids=ids, token_texts=texts, logprobs=lps,
-                                prompt_tokens=int(inputs["attention_mask"][i].sum()), completion_tokens=len(ids),
-                                finish_reason=finish, latency_ms=latency_ms, ttft_ms=ttft_ms, batch_size=batch_size)
-
-    @staticmethod
-    def _cut_at(ids: list[int], texts: list[str], char_pos: int):
-        """Keep the tokens that end before char_pos (the start of a stop string)."""
-        kept, length = 0, 0
-        while kept < len(texts) and length + len(texts[kept]) <= char_pos:
-            length += len(texts[kept])
-            kept += 1
-        return ids[:kept], texts[:kept], "".join(texts[:kept])

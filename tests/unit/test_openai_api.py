@@ -8,7 +8,7 @@ import pytest
 
 from tandem.config import load_tandem_config
 from tandem.errors import BadRequest, NotFound, PayloadTooLarge
-from tandem.openai_api import answer_pieces, chat_completion, parse_chat_request, stream_rest
+from tandem.openai_api import AnswerStream, answer_pieces, chat_completion, parse_chat_request, stream_rest
 from tandem.schemas import TandemResult
 
 from tests.conftest import make_png
@@ -64,12 +64,33 @@ def test_bad_requests(raw, error, fragment):
 def test_responses_carry_usage_trace_and_reassembling_stream():
     chat = parse_chat_request(body(), CFG, request_id="r1")
     result = TandemResult(answer="four legs  here", policy="mutual", path="agree", decision=None,
-                          latency_ms={"total": 1.0}, tokens={"large_direct": 3}, transferred_tokens=0,
-                          prompt_tokens=10, completion_tokens=3, images_encoded={})
+                          latency_ms={"total": 1.0}, tokens={"large_direct": 3, "small_reasoning": 5},
+                          transferred_tokens=0, prompt_tokens=10, completion_tokens=8, images_encoded={})
     full = chat_completion(result, chat)
-    assert full["usage"] == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+    assert full["usage"] == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18,
+                             "prompt_tokens_details": {"cached_tokens": 0},
+                             "completion_tokens_details": {"reasoning_tokens": 5}}
     assert full["tandem"]["path"] == "agree" and full["id"] == "r1"
     chunks = stream_rest(result, chat, 0, answer_pieces(result.answer))
     assert chunks[-1] == "data: [DONE]\n\n"
     deltas = [json.loads(c[6:])["choices"][0]["delta"].get("content", "") for c in chunks[:-1]]
     assert "".join(deltas) == result.answer
+
+
+def test_answer_stream_shows_exactly_the_stripped_answer():
+    text = "  four legs  here \n"
+    for cut in ([text], list(text), ["  four", " legs ", " ", "here", " \n"]):
+        stream = AnswerStream()
+        shown = "".join(stream.feed(piece) for piece in cut)
+        assert shown + stream.rest(text.strip()) == text.strip()
+        assert shown == text.strip()  # trailing whitespace is never sent
+
+
+def test_tandem_options_ride_in_the_body():
+    assert parse_chat_request(body(tandem={"stream_reasoning": True}), CFG).ask.stream_reasoning is True
+    assert parse_chat_request(body(), CFG).ask.stream_reasoning is False
+    for bad, fragment in (({"stream_reasoning": "yes"}, "must be a boolean"), ({"verbose": True}, "unknown"),
+                          ([1], "must be an object")):
+        with pytest.raises(BadRequest, match=fragment) as err:
+            parse_chat_request(body(tandem=bad), CFG)
+        assert err.value.status == 400

@@ -154,7 +154,7 @@ def _gated_stages(log, gate_roles=("small", "large")):
         return FakeEngine(role).encode_images(images, role)
 
     def generate_for(role):
-        async def generate(request):
+        async def generate(request, sink=None):
             reasoning = request.prompt.endswith("<think>\n")
             log.append((role, "reasoning" if reasoning else "direct"))
             if reasoning:
@@ -184,7 +184,7 @@ async def test_mutual_stage_one_runs_both_models_concurrently_and_cancels_specul
 
 
 class Failing(FakeEngine):
-    def generate(self, batch):
+    def prepare(self, request):
         raise RuntimeError("replica died")
 
 

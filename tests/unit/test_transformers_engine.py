@@ -1,5 +1,11 @@
 """The transformers engine on tiny checkpoints: precomputed features must give exactly what the
-model's own pixel path gives, batching must not change results, and limits must hold."""
+model's own pixel path gives, batching (rows joining and leaving a running batch) must not change
+results, each row returns at its own length, streams reassemble to the text, cancelled rows stop
+decoding, and limits must hold."""
+
+import asyncio
+import threading
+import time
 
 import pytest
 import torch
@@ -8,7 +14,7 @@ from tandem import prompts
 from tandem.config import ModelConfig
 from tandem.errors import BadRequest
 from tandem.engines.transformers_engine import TransformersEngine
-from tandem.schemas import GenerationRequest, SamplingParams
+from tandem.schemas import GenerationRequest, SamplingParams, TokenDelta
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +50,101 @@ def test_left_padded_batch_equals_single_requests(engine, png):
     feats = engine.encode_images([png(0), png(1, 128, 96)])
     batch = [GenerationRequest(prompts.direct_prompt("Q one?", 1, "prompted"), feats[:1], SamplingParams(6)),
              GenerationRequest(prompts.reasoning_prompt("A longer second question?", 2, "prompted"), feats,
-                               SamplingParams(9)),
+                               SamplingParams(9, logprobs=True)),
              GenerationRequest(prompts.direct_prompt("No image", 0, "prompted"), [], SamplingParams(4))]
     together = engine.generate(batch)
     for request, out in zip(batch, together):
         alone = engine.generate([request])[0]
         assert out.token_ids == alone.token_ids and out.batch_size == 3
         assert len(out.token_ids) <= request.sampling.max_tokens
-        assert len(out.logprobs) == len(out.token_ids) and all(lp <= 0 for lp in out.logprobs)
+        assert out.decode_steps >= len(out.token_ids)
+    assert len(together[1].logprobs) == len(together[1].token_ids) and all(lp <= 0 for lp in together[1].logprobs)
+    assert together[0].logprobs == [] and together[2].logprobs == []  # only where asked
+
+
+def _no_early_stop(engine, prompt, n):
+    """A request that decodes exactly n tokens (random-init models rarely stop; ban their stop tokens)."""
+    out = engine.generate([GenerationRequest(prompt, [], SamplingParams(n))])[0]
+    assert out.finish_reason == "length", "the tiny model stopped early: pick another prompt"
+    return GenerationRequest(prompt, [], SamplingParams(n), request_id=f"r{n}")
+
+
+def test_each_row_returns_at_its_own_length_while_the_batch_goes_on(engine):
+    short = _no_early_stop(engine, prompts.direct_prompt("Short one?", 0, "prompted"), 8)
+    long = _no_early_stop(engine, prompts.direct_prompt("Long one?", 0, "prompted"), 128)
+    done = {}
+
+    def sink_for(name):
+        def sink(event):
+            if hasattr(event, "finish_reason"):
+                done[name] = (time.perf_counter(), event)
+        return sink
+
+    engine.loop.submit(long, sink_for("long"))
+    engine.loop.submit(short, sink_for("short"))
+    deadline = time.monotonic() + 60
+    while len(done) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (t_short, o_short), (t_long, o_long) = done["short"], done["long"]
+    assert len(o_short.token_ids) == 8 and len(o_long.token_ids) == 128
+    assert t_short < t_long and o_short.decode_steps == 8 and o_long.decode_steps == 128
+    assert o_short.decode_ms < o_long.decode_ms / 4
+
+
+def test_a_request_joining_a_running_batch_decodes_as_it_would_alone(engine, png):
+    feats = engine.encode_images([png(4)])
+    running = GenerationRequest(prompts.direct_prompt("A long running question?", 0, "prompted"), [],
+                                SamplingParams(60))
+    joiner = GenerationRequest(prompts.reasoning_prompt("Joins later with an image?", 1, "prompted"), feats,
+                               SamplingParams(12))
+    alone = engine.generate([joiner])[0]
+    started, results = threading.Event(), {}
+
+    def first(event):
+        started.set()
+        if hasattr(event, "finish_reason"):
+            results["running"] = event
+
+    engine.loop.submit(running, first)
+    started.wait(30)  # the running batch has decoded a token: the joiner is prefilled apart, then merged
+    results["joiner"] = engine.generate([joiner])[0]
+    assert results["joiner"].token_ids == alone.token_ids
+    assert results["joiner"].batch_size == 2
+
+
+def test_streamed_deltas_reassemble_to_the_text_and_hold_back_a_stop_string(engine):
+    request = GenerationRequest(prompts.direct_prompt("Stream me?", 0, "prompted"), [], SamplingParams(24))
+    full = engine.generate([request])[0]
+    stop = full.text[5:8]
+
+    async def collect(req):
+        pieces, out = [], None
+        async for event in engine.stream(req):
+            if hasattr(event, "finish_reason"):
+                out = event
+            else:
+                pieces.append(event.text)
+        return pieces, out
+
+    pieces, out = asyncio.run(collect(request))
+    assert "".join(pieces) == out.text == full.text and len(pieces) > 1
+    pieces, out = asyncio.run(collect(GenerationRequest(request.prompt, [], SamplingParams(24, stop=(stop,)))))
+    assert "".join(pieces) == out.text and stop not in out.text and out.finish_reason == "stop"
+
+
+def test_closing_a_stream_stops_decoding_that_row(engine):
+    request = _no_early_stop(engine, prompts.direct_prompt("Cancel me?", 0, "prompted"), 200)
+    request = GenerationRequest(request.prompt, [], request.sampling, request_id="cancel-me")
+
+    async def read_two():
+        stream = engine.stream(request)
+        async for _ in stream:
+            break
+        await stream.aclose()
+
+    asyncio.run(read_two())
+    time.sleep(0.5)
+    assert engine.loop.decoded["cancel-me"] <= 5
 
 
 def test_stop_string_cuts_the_text(engine, png):
@@ -71,14 +164,30 @@ def test_features_of_another_model_are_refused(engine, png):
         engine.generate([GenerationRequest(prompts.direct_prompt("Q", 1, "prompted"), feats)])
 
 
-def test_validate_refuses_prompts_over_the_token_limit(engine, png):
+def test_a_prompt_over_the_token_limit_fails_alone(engine, png):
     feats = engine.encode_images([png(0)])
-    request = GenerationRequest(prompts.direct_prompt("word " * 50, 1, "prompted"), feats)
-    engine.validate(request)  # within the default limit
-    engine.max_prompt_tokens = 40
+    request = GenerationRequest(prompts.direct_prompt("word " * 50, 1, "prompted"), feats, SamplingParams(2))
+    engine.generate([request])  # within the default limit
+    ok = GenerationRequest(prompts.direct_prompt("Hi", 0, "prompted"), [], SamplingParams(2))
+    limit = engine.prepare(ok).prompt_tokens
+    engine.max_prompt_tokens = limit
     try:
-        with pytest.raises(BadRequest, match="the limit is 40"):
-            engine.validate(request)
+        results = {}
+
+        def sink_for(name):
+            def sink(event):
+                if not isinstance(event, TokenDelta):
+                    results[name] = event
+            return sink
+
+        ok = GenerationRequest(prompts.direct_prompt("Hi", 0, "prompted"), [], SamplingParams(2))
+        engine.loop.submit(request, sink_for("long"))
+        engine.loop.submit(ok, sink_for("ok"))
+        deadline = time.monotonic() + 30
+        while len(results) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert isinstance(results["long"], BadRequest) and f"the limit is {limit}" in str(results["long"])
+        assert results["ok"].completion_tokens >= 1
     finally:
         engine.max_prompt_tokens = 4096
 

@@ -1,0 +1,326 @@
+"""Iteration-level batching for engines that decode one step at a time (transformers, fake).
+
+A `DecodeLoop` owns one thread and one running batch. Requests join the batch between two decoding
+steps (their prompts prefilled together, then merged into the batch), and each leaves it on its own:
+at its `max_tokens`, its stop token or stop string, or when it is cancelled — so a 16-token answer
+never waits behind a 1,024-token reasoning, and a client that goes away stops costing decode steps
+within one step. Every token is handed to the request's sink as it is decoded (text held back only
+while it could still be the start of a stop string), and the last event is the request's
+`GenerationOutput`.
+
+The loop's thread is the only one that touches the engine's tokenizer and model: prompts are
+tokenized and checked there too, one request at a time, so one bad request fails alone.
+
+What the loop needs from an engine (`StepEngine`): `prepare` (tokenize and validate one request),
+`prefill` (a state holding next-token scores for a list of prepared requests), `join`, `keep`
+(rows of a state), `choose` (the next token of each row, with its log-probability where asked) and
+`advance` (one decoding step on the chosen tokens), `token_text`, `stop_token_ids`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Protocol
+
+from tandem.schemas import GenerationOutput, GenerationRequest, SamplingParams, TokenDelta
+
+logger = logging.getLogger(__name__)
+_KEEP_COUNTS = 4096  # decoded-token counts kept for the most recent requests (stats)
+
+
+class StepEngine(Protocol):
+    stop_token_ids: set[int]
+
+    def prepare(self, request: GenerationRequest) -> Prepared: ...
+    def prefill(self, requests: list[GenerationRequest], prepared: list[Prepared]) -> Any: ...
+    def join(self, state: Any, other: Any) -> Any: ...
+    def keep(self, state: Any, rows: list[int]) -> Any: ...
+    def choose(self, state: Any, sampling: list[SamplingParams]) -> list[tuple[int, float | None]]: ...
+    def advance(self, state: Any, token_ids: list[int]) -> None: ...
+    def token_text(self, token_id: int) -> str: ...
+    def finish(self, request: GenerationRequest, output: GenerationOutput) -> None: ...
+
+
+Sink = Callable[[Any], None]
+
+
+@dataclass
+class Prepared:
+    """A request made ready by its engine: its prompt's length in tokens and what prefill needs."""
+
+    prompt_tokens: int
+    data: Any
+
+
+@dataclass(eq=False)
+class Row:
+    request: GenerationRequest
+    sink: Sink
+    submitted: float = field(default_factory=time.perf_counter)
+    ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0  # characters of `text` already handed to the sink
+    prompt_tokens: int = 0
+    steps: int = 0
+    batch_size: int = 0
+    started: float | None = None
+    first_token: float | None = None
+    cancelled: bool = False
+    done: bool = False
+
+    def deliver(self, event: Any) -> None:
+        """Hand an event to the consumer; one that is gone (its event loop closed) cancels the row."""
+        try:
+            self.sink(event)
+        except Exception:
+            self.cancelled = True
+
+
+def held_back(text: str, stops: tuple[str, ...]) -> int:
+    """How many characters at the end of `text` could still begin a stop string."""
+    hold = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:k]):
+                hold = k
+                break
+    return hold
+
+
+class DecodeLoop:
+    def __init__(self, engine: StepEngine, *, max_batch_size: int = 8, batch_wait_s: float = 0.0,
+                 name: str = "decode"):
+        self.engine, self.name = engine, name
+        self.max_batch_size, self.batch_wait_s = max_batch_size, batch_wait_s
+        self._cv = threading.Condition()
+        self._pending: collections.deque[Row] = collections.deque()
+        self._thread: threading.Thread | None = None
+        self.prefill_sizes: list[int] = []  # requests admitted together, per admission
+        self.decoded: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self.cancelled = 0
+
+    def configure(self, max_batch_size: int, batch_wait_s: float) -> None:
+        with self._cv:
+            self.max_batch_size, self.batch_wait_s = max_batch_size, batch_wait_s
+
+    # --- the three ways in --------------------------------------------------------------------
+    def submit(self, request: GenerationRequest, sink: Sink) -> Row:
+        row = Row(request, sink)
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._pending.append(row)
+            self._cv.notify()
+        return row
+
+    def cancel(self, row: Row) -> None:
+        """Leave the batch at the next step; the row's sink gets nothing more."""
+        with self._cv:
+            if not row.done:
+                row.cancelled = True
+                self._cv.notify()
+
+    def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
+        """Blocking: one output per request, in order (the first failure is raised)."""
+        results: list[Any] = [None] * len(batch)
+        left = threading.Semaphore(0)
+
+        def sink_for(i):
+            def sink(event):
+                if isinstance(event, (GenerationOutput, BaseException)):
+                    results[i] = event
+                    left.release()
+            return sink
+
+        for i, request in enumerate(batch):
+            self.submit(request, sink_for(i))
+        for _ in batch:
+            left.acquire()
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | GenerationOutput]:
+        """Deltas as they are decoded, then the output. Closing the iterator early cancels the row."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        row = self.submit(request, lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
+        try:
+            while True:
+                event = await queue.get()
+                if isinstance(event, BaseException):
+                    raise event
+                yield event
+                if isinstance(event, GenerationOutput):
+                    return
+        finally:
+            self.cancel(row)
+
+    async def generate_async(self, request: GenerationRequest) -> GenerationOutput:
+        """The output alone, without blocking a thread; cancelling the caller cancels the row."""
+        events = self.stream(request)
+        try:
+            async for event in events:
+                if isinstance(event, GenerationOutput):
+                    return event
+        finally:
+            await events.aclose()
+        raise RuntimeError("the stream ended without an output")
+
+    # --- the loop -------------------------------------------------------------------------------
+    def _run(self) -> None:
+        state, rows = None, []
+        while True:
+            new = self._admit(len(rows))
+            try:
+                state, rows = self._drop_cancelled(state, rows)
+                if new:
+                    state, rows = self._prefill(state, rows, new)
+                if rows:
+                    state, rows = self._step(state, rows)
+            except Exception as err:  # an engine failure fails the rows it touched, never the loop
+                logger.exception("%s: decoding step failed", self.name)
+                for row in rows + new:
+                    if not row.done:
+                        self._fail(row, err)
+                state, rows = None, []
+
+    def _admit(self, running: int) -> list[Row]:
+        with self._cv:
+            while not running and not self._pending:
+                self._cv.wait()
+            if not running and self.batch_wait_s:  # idle: let a batch fill for a moment
+                deadline = time.monotonic() + self.batch_wait_s
+                while len(self._pending) < self.max_batch_size and (left := deadline - time.monotonic()) > 0:
+                    self._cv.wait(left)
+            new = []
+            while self._pending and running + len(new) < self.max_batch_size:
+                row = self._pending.popleft()
+                if row.cancelled:
+                    self._finish(row, "cancelled")
+                else:
+                    new.append(row)
+            return new
+
+    def _drop_cancelled(self, state, rows):
+        if not any(r.cancelled for r in rows):
+            return state, rows
+        keep = [i for i, r in enumerate(rows) if not r.cancelled]
+        for r in rows:
+            if r.cancelled:
+                self._finish(r, "cancelled")
+        return (self.engine.keep(state, keep) if keep else None), [rows[i] for i in keep]
+
+    def _prefill(self, state, rows, new):
+        prepared, admitted = [], []
+        for row in new:
+            try:
+                prepared.append(self.engine.prepare(row.request))
+                admitted.append(row)
+            except Exception as err:  # a bad request fails alone
+                self._fail(row, err)
+        if not admitted:
+            return state, rows
+        now = time.perf_counter()
+        for row in admitted:
+            row.started = now
+        self.prefill_sizes.append(len(admitted))
+        fresh = self.engine.prefill([r.request for r in admitted], prepared)
+        for row, p in zip(admitted, prepared):
+            row.prompt_tokens = p.prompt_tokens
+        return (self.engine.join(state, fresh) if state is not None else fresh), rows + admitted
+
+    def _step(self, state, rows):
+        choices = self.engine.choose(state, [r.request.sampling for r in rows])
+        now = time.perf_counter()
+        for row, (token, logprob) in zip(rows, choices):
+            row.steps += 1
+            row.batch_size = max(row.batch_size, len(rows))
+            row.first_token = row.first_token or now
+            self._count(row)
+            if token in self.engine.stop_token_ids:
+                self._finish(row, "stop")
+                continue
+            row.ids.append(token)
+            row.texts.append(self.engine.token_text(token))
+            if row.request.sampling.logprobs and logprob is not None:
+                row.logprobs.append(logprob)
+            row.text += row.texts[-1]
+            stops = row.request.sampling.stop
+            if stops and any(s in row.text for s in stops):
+                self._cut_at_stop(row)
+                self._finish(row, "stop")
+            elif len(row.ids) >= row.request.sampling.max_tokens:
+                self._finish(row, "length")
+            else:
+                self._send(row, len(row.text) - held_back(row.text, stops))
+        keep = [i for i, r in enumerate(rows) if not r.done]
+        if len(keep) < len(rows):
+            state = self.engine.keep(state, keep) if keep else None
+            rows = [rows[i] for i in keep]
+        if rows:
+            self.engine.advance(state, [r.ids[-1] for r in rows])
+        return state, rows
+
+    # --- row bookkeeping ------------------------------------------------------------------------
+    def _count(self, row: Row) -> None:
+        rid = row.request.request_id
+        if rid:
+            self.decoded[rid] = self.decoded.get(rid, 0) + 1
+            self.decoded.move_to_end(rid)
+            while len(self.decoded) > _KEEP_COUNTS:
+                self.decoded.popitem(last=False)
+
+    @staticmethod
+    def _cut_at_stop(row: Row) -> None:
+        """Text ends where the first stop string begins; the token lists end with the token holding
+        that point (its text trimmed), so the texts still join to the text."""
+        pos = min(row.text.index(s) for s in row.request.sampling.stop if s in row.text)
+        length, kept = 0, 0
+        while kept < len(row.texts) and length + len(row.texts[kept]) <= pos:
+            length += len(row.texts[kept])
+            kept += 1
+        if length < pos:  # the stop begins inside this token
+            row.texts[kept] = row.texts[kept][: pos - length]
+            kept += 1
+        row.ids, row.texts, row.logprobs = row.ids[:kept], row.texts[:kept], row.logprobs[:kept]
+        row.text = row.text[:pos]
+
+    def _send(self, row: Row, upto: int) -> None:
+        if upto > row.sent:
+            piece, row.sent = row.text[row.sent:upto], upto
+            row.deliver(TokenDelta(piece))
+
+    def _finish(self, row: Row, reason: str) -> None:
+        row.done = True
+        if reason == "cancelled":
+            self.cancelled += 1
+            return
+        now = time.perf_counter()
+        started = row.started or now
+        out = GenerationOutput(
+            text=row.text, token_ids=row.ids, token_texts=row.texts, logprobs=row.logprobs,
+            prompt_tokens=row.prompt_tokens, completion_tokens=len(row.ids), finish_reason=reason,
+            latency_ms=(now - row.submitted) * 1000, ttft_ms=((row.first_token or now) - row.submitted) * 1000,
+            batch_size=row.batch_size, decode_steps=row.steps, decode_ms=(now - started) * 1000,
+            queue_ms=(started - row.submitted) * 1000)
+        try:
+            self.engine.finish(row.request, out)
+        except Exception as err:
+            self._fail(row, err)
+            return
+        self._send(row, len(row.text))
+        row.deliver(out)
+
+    def _fail(self, row: Row, err: BaseException) -> None:
+        row.done = True
+        row.deliver(err)
