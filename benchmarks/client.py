@@ -40,6 +40,49 @@ class Outcome:
     finished_s: float = 0.0
     completion_tokens: int = 0
     trace: dict = field(default_factory=dict)
+    ttft_ms: float | None = None  # streamed: to the first delta (reasoning or content)
+    ttfc_ms: float | None = None  # streamed: to the first content delta
+    itl_ms: list[float] = field(default_factory=list)  # streamed: gaps between deltas
+
+
+async def stream_chat(http: httpx.AsyncClient, url: str, body: dict, t0: float = 0.0,
+                      abandon: bool = False) -> Outcome:
+    """One streamed request, timed delta by delta as the client receives them. `abandon`: hang up
+    after the first delta (status "abandoned"), as a client that lost interest."""
+    import json
+
+    start = time.monotonic()
+    stamps, first_content, data, status = [], None, {}, 0
+    try:
+        async with http.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}) as r:
+            status = r.status_code
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    status = chunk["error"].get("code") or "stream_error"
+                    continue
+                delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
+                if delta.get("content") or delta.get("reasoning_content"):
+                    stamps.append(time.monotonic())
+                    if first_content is None and delta.get("content"):
+                        first_content = stamps[-1]
+                    if abandon:
+                        status = "abandoned"
+                        break
+                if chunk.get("usage"):
+                    data = chunk
+    except httpx.TimeoutException:
+        status = "timeout"
+    except httpx.HTTPError as err:
+        status = type(err).__name__
+    end = time.monotonic()
+    ms = lambda t: (t - start) * 1000  # noqa: E731
+    return Outcome(status, ms(end), end - t0, data.get("usage", {}).get("completion_tokens", 0), data.get("tandem", {}),
+                   ttft_ms=ms(stamps[0]) if stamps else None,
+                   ttfc_ms=ms(first_content) if first_content else None,
+                   itl_ms=[(b - a) * 1000 for a, b in zip(stamps, stamps[1:])])
 
 
 async def post_chat(http: httpx.AsyncClient, url: str, body: dict, t0: float = 0.0) -> Outcome:
@@ -62,8 +105,8 @@ class LocalApps:
     would; with bare=True also a model-free twin (fake engine, same four deployments and hops) at
     `/bare`, for the bare cost of the Serve composition. A context manager: stops what it started."""
 
-    def __init__(self, port: int = 8020, bare: bool = False, startup_timeout_s: float = 300):
-        self.port, self.bare, self.timeout = port, bare, startup_timeout_s
+    def __init__(self, port: int = 8020, bare: bool = False, startup_timeout_s: float = 300, models: str = "trained"):
+        self.port, self.bare, self.timeout, self.models = port, bare, startup_timeout_s, models
         self.url = f"http://127.0.0.1:{port}"
 
     def __enter__(self) -> "LocalApps":
@@ -75,6 +118,9 @@ class LocalApps:
 
         config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
         config["http_options"]["port"] = self.port
+        if self.models == "tiny":  # the random-init pair: they never stop early, so every request decodes to its limit
+            config["applications"][0]["args"]["small"] = {"model": "tiny:small", "reasoning_format": "think_tags"}
+            config["applications"][0]["args"]["large"] = {"model": "tiny:large", "reasoning_format": "prompted"}
         if self.bare:
             twin = copy.deepcopy(config["applications"][0])
             twin.update(name="bare", route_prefix="/bare")

@@ -2,12 +2,14 @@
 
     python -m benchmarks.load --quick                       # starts serve_config.yaml (+ a bare twin)
     python -m benchmarks.load --url http://host:8000 --concurrency 1,4,16,64 --rates 2,8,32
+    python -m benchmarks.load --models tiny --no-bare --stream --policy large --max-tokens 64 --concurrency 1 --rates ""
 
 Closed loop: C clients each send their next request when the last returns. Open loop: arrivals at
 a Poisson rate, each request on its own, whether or not earlier ones finished (what shows queueing
 and rejections). Each point is bounded in requests and seconds and reports throughput (req/s and
 output tok/s), p50/p95/p99, errors and 503 rejections, and the mean per-stage latency from the
-`tandem` trace. The same run measures the bare cost of the Serve composition: the same four
+`tandem` trace; with --stream, time to the first delta (TTFT), to the first answer delta, and the
+gaps between deltas (inter-token latency), p50/p95. The same run measures the bare cost of the Serve composition: the same four
 deployments and hops with a model-free engine (`/bare`), so Tandem's own cost can be stated as a
 ratio to it. Table, PNG, JSON, and one JSON line at the end.
 """
@@ -26,14 +28,24 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.client import ROOT, LocalApps, Outcome, chat_body, post_chat, synthetic_png
+from benchmarks.client import ROOT, LocalApps, Outcome, chat_body, post_chat, stream_chat, synthetic_png
 from benchmarks.metrics import count_statuses, summarize_latencies
 
 IMAGES = [synthetic_png(seed) for seed in range(8)]
 
 
+OPTIONS = {"max_tokens": 8, "stream": False, "stream_reasoning": False}  # set from the command line
+
+
 def body_for(i: int, policy: str) -> dict:
-    return chat_body(policy, f"Load question {i}: what is shown?", IMAGES[i % len(IMAGES)])
+    body = chat_body(policy, f"Load question {i}: what is shown?", IMAGES[i % len(IMAGES)], OPTIONS["max_tokens"])
+    if OPTIONS["stream_reasoning"]:
+        body["tandem"] = {"stream_reasoning": True}
+    return body
+
+
+def send(http, url: str, body: dict, t0: float):
+    return (stream_chat if OPTIONS["stream"] else post_chat)(http, url, body, t0)
 
 
 async def closed_loop(url: str, policy: str, concurrency: int, requests: int, max_s: float) -> tuple[list, float]:
@@ -43,7 +55,7 @@ async def closed_loop(url: str, policy: str, concurrency: int, requests: int, ma
         for i in counter:
             if time.monotonic() - start > max_s:
                 return
-            outcomes.append(await post_chat(http, url, body_for(i, policy), start))
+            outcomes.append(await send(http, url, body_for(i, policy), start))
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
@@ -56,7 +68,7 @@ async def open_loop(url: str, policy: str, rate: float, requests: int, max_s: fl
         for i in range(requests):
             if time.monotonic() - start > max_s:
                 break
-            tasks.append(asyncio.ensure_future(post_chat(http, url, body_for(i, policy), start)))
+            tasks.append(asyncio.ensure_future(send(http, url, body_for(i, policy), start)))
             await asyncio.sleep(rng.expovariate(rate))
         outcomes = await asyncio.gather(*tasks)
     return list(outcomes), time.monotonic() - start
@@ -68,7 +80,15 @@ def point(kind: str, load: float, outcomes: list[Outcome], wall_s: float) -> dic
     for o in ok:
         for stage, ms in o.trace.get("latency_ms", {}).items():
             stages[stage].append(ms)
-    return {"kind": kind, "load": load, "requests": len(outcomes), "wall_s": round(wall_s, 2),
+    streamed = {}
+    if OPTIONS["stream"]:
+        def pct(values, name):
+            got = summarize_latencies([v for v in values if v is not None])
+            return {f"{name}_p50_ms": round(got.get("p50_ms", float("nan")), 1),
+                    f"{name}_p95_ms": round(got.get("p95_ms", float("nan")), 1)}
+        streamed = {**pct([o.ttft_ms for o in ok], "ttft"), **pct([o.ttfc_ms for o in ok], "ttfc"),
+                    **pct([gap for o in ok for gap in o.itl_ms], "itl")}
+    return {"kind": kind, "load": load, "requests": len(outcomes), "wall_s": round(wall_s, 2), **streamed,
             "throughput_rps": round(len(ok) / wall_s, 3) if wall_s else 0.0,
             "output_tok_s": round(sum(o.completion_tokens for o in ok) / wall_s, 1) if wall_s else 0.0,
             **{k: round(v, 1) for k, v in summarize_latencies([o.latency_ms for o in ok]).items() if k != "n"},
@@ -80,8 +100,11 @@ def point(kind: str, load: float, outcomes: list[Outcome], wall_s: float) -> dic
 
 def format_point(p: dict) -> str:
     stages = " ".join(f"{k}={v:.0f}" for k, v in p["stage_mean_ms"].items() if k != "total")
+    streamed = (f" ttft {p['ttft_p50_ms']:.0f}/{p['ttft_p95_ms']:.0f} itl {p['itl_p50_ms']:.1f}/{p['itl_p95_ms']:.1f}"
+                if "ttft_p50_ms" in p else "")
     return (f"{p['kind']:<7} {p['load']:>6} {p['requests']:>5} {p['throughput_rps']:>7.2f} {p['output_tok_s']:>8.1f} "
-            f"{p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f} {p['p99_ms']:>8.1f} {p['rejected']:>4} {p['errors']:>4}  {stages}")
+            f"{p['p50_ms']:>8.1f} {p['p95_ms']:>8.1f} {p['p99_ms']:>8.1f} {p['rejected']:>4} {p['errors']:>4} "
+            f"{streamed}  {stages}")
 
 
 def plot(points: list[dict], path: Path) -> None:
@@ -133,6 +156,10 @@ def summary(args, result: dict) -> dict:
     out = {"benchmark": "load", "policy": args.policy,
            "closed_rps": {str(k): p["throughput_rps"] for k, p in closed.items()},
            "closed_p50_ms": {str(k): p["p50_ms"] for k, p in closed.items()},
+           **({"stream": True, "closed_ttft_p50_ms": {str(k): p["ttft_p50_ms"] for k, p in closed.items()},
+               "closed_ttft_p95_ms": {str(k): p["ttft_p95_ms"] for k, p in closed.items()},
+               "closed_itl_p50_ms": {str(k): p["itl_p50_ms"] for k, p in closed.items()},
+               "closed_itl_p95_ms": {str(k): p["itl_p95_ms"] for k, p in closed.items()}} if OPTIONS["stream"] else {}),
            "open": [{"rate": p["load"], "rps": p["throughput_rps"], "p95_ms": p["p95_ms"], "rejected": p["rejected"],
                      "errors": p["errors"]} for p in result["points"] if p["kind"] == "open"]}
     if result["bare"] and tandem_c1:
@@ -153,21 +180,28 @@ def main(argv=None) -> int:
     ap.add_argument("--max-s", type=float, default=120, help="longest a closed-loop point runs")
     ap.add_argument("--open-s", type=float, default=30, help="how long an open-loop point sends")
     ap.add_argument("--quick", action="store_true", help="CPU, tiny models, a short sweep: under two minutes")
+    ap.add_argument("--stream", action="store_true", help="stream every request: adds TTFT and inter-token latency")
+    ap.add_argument("--stream-reasoning", action="store_true", help="with --stream: ask for reasoning deltas too")
+    ap.add_argument("--max-tokens", type=int, default=8, help="max_tokens of every request")
+    ap.add_argument("--models", choices=["trained", "tiny"], default="trained",
+                    help="when starting the app: the trained pair, or the random-init tiny pair (never stops early)")
+    ap.add_argument("--no-bare", action="store_true", help="when starting the app: skip the model-free twin")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     if args.quick:
         args.concurrency, args.rates, args.requests, args.max_s, args.open_s = "1,4,16", "2,32", 16, 15, 6
     args.concurrency = [int(x) for x in str(args.concurrency).split(",")]
-    args.rates = [float(x) for x in str(args.rates).split(",")]
+    args.rates = [float(x) for x in str(args.rates).split(",") if x]
+    OPTIONS.update(max_tokens=args.max_tokens, stream=args.stream, stream_reasoning=args.stream_reasoning)
     print(f"load: policy {args.policy}; closed {args.concurrency}; open {args.rates} req/s for {args.open_s} s; "
           f"{args.requests} requests a point; client on {platform.machine()}, {os.cpu_count()} cores (shared with "
           "the server when it starts the app itself)")
     if args.url:
         result = run(args, args.url, args.bare_url)
     else:
-        with LocalApps(bare=True) as apps:
-            result = run(args, apps.url, apps.url + "/bare")
+        with LocalApps(bare=not args.no_bare, models=args.models) as apps:
+            result = run(args, apps.url, None if args.no_bare else apps.url + "/bare")
     out = Path(args.out) / f"load-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "load.json").write_text(json.dumps(result, indent=1))

@@ -5,7 +5,9 @@ memory growth per window.
     python -m benchmarks.soak --url http://host:8000 ...    # an endpoint already running
 
 Closed loop: `--concurrency` clients, each sending its next request when the last one returned,
-cycling policies and images (a share of repeated images exercises the feature cache). When it
+cycling policies and images (a share of repeated images exercises the feature cache). Every other
+request streams, and one in eight streams and hangs up after its first delta (status "abandoned",
+not an error), so cancelled rows and closed streams are soaked too. When it
 starts the app itself it also samples each replica's resident memory (RSS) through psutil. Prints a
 table per window, writes results/soak-*/soak.json and soak.png, and ends with one JSON line.
 """
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.client import ROOT, LocalApps, chat_body, post_chat, synthetic_png
+from benchmarks.client import ROOT, LocalApps, chat_body, post_chat, stream_chat, synthetic_png
 from benchmarks.metrics import count_statuses, drift, summarize_latencies
 POLICIES = ("mutual", "large", "always", "confidence")
 
@@ -64,7 +66,12 @@ async def run_load(url: str, duration_s: float, concurrency: int, window_s: floa
 
     async def client(http: httpx.AsyncClient):
         while time.monotonic() - start < duration_s:
-            o = await post_chat(http, url, request_body(next(counter), rng), start)
+            i = next(counter)
+            body = request_body(i, rng)
+            if i % 2:
+                o = await stream_chat(http, url, body, start, abandon=i % 8 == 1)
+            else:
+                o = await post_chat(http, url, body, start)
             records.append((o.finished_s, o.latency_ms, o.status))
 
     async def sampler():
@@ -94,14 +101,19 @@ def summarize(windows: list[dict], records, duration_s: float) -> dict:
     first, last = windows[0], windows[-1]
     statuses = count_statuses(s for _, _, s in records)
     growth = {k: round(last["rss_mb"][k] - first["rss_mb"][k], 1) for k in last["rss_mb"] if k in first["rss_mb"]}
+    half = [w["rss_mb"] for w in windows[len(windows) // 2:] if w["rss_mb"]]
+    # The second half, after warm-up and allocator growth: (max - min) / min per replica.
+    flatness = {k: round((max(h[k] for h in half) - min(h[k] for h in half)) / min(h[k] for h in half), 4)
+                for k in (half[0] if half else {})}
     return {"benchmark": "soak", "duration_s": duration_s, "requests": len(records),
             "throughput_rps": round(len(records) / duration_s, 2), "statuses": statuses,
-            "errors": sum(v for k, v in statuses.items() if k != "200"),
+            "errors": sum(v for k, v in statuses.items() if k not in ("200", "abandoned")),
+            "abandoned": statuses.get("abandoned", 0),
             "p50_first_ms": round(first["p50_ms"], 1), "p50_last_ms": round(last["p50_ms"], 1),
             "p50_drift": round(drift(first["p50_ms"], last["p50_ms"]), 3),
             "p95_drift": round(drift(first["p95_ms"], last["p95_ms"]), 3),
             "rss_first_mb": {k: round(v, 1) for k, v in first["rss_mb"].items()},
-            "rss_growth_mb": growth}
+            "rss_growth_mb": growth, "rss_second_half_range": flatness}
 
 
 def plot(windows: list[dict], path: Path) -> None:

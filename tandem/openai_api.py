@@ -60,6 +60,7 @@ def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
     policy = policy_for_model(data.get("model"), config.policy.default)
+    _refuse_unsupported(data)
     question, images = _parse_messages(data.get("messages"), http)
     options = _tandem_options(data.get("tandem"))
     return ChatRequest(
@@ -68,6 +69,29 @@ def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None
                        request_id=request_id or f"chatcmpl-{uuid.uuid4().hex[:24]}",
                        stream_reasoning=options.get("stream_reasoning", False)),
         model=data["model"], stream=_flag(data, "stream"))
+
+
+# OpenAI sampling fields Tandem does not implement: refused unless they ask for the default, never
+# silently ignored (a client that sets them expects them to act).
+_UNSUPPORTED = {
+    "n": (1,), "top_p": (1, 1.0), "seed": (), "stop": ([], ""), "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0), "logit_bias": ({},), "logprobs": (False,), "top_logprobs": (0,),
+    "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
+}
+_WHY = {"n": "one choice per request", "top_p": "greedy or plain temperature sampling only",
+        "seed": "no seeded sampling", "stop": "stages stop at their own stop strings",
+        "logprobs": "no log-probabilities in responses", "top_logprobs": "no log-probabilities in responses",
+        "tools": "no tool calls", "tool_choice": "no tool calls", "response_format": "text answers only"}
+
+
+def _refuse_unsupported(data: dict) -> None:
+    for key, defaults in _UNSUPPORTED.items():
+        value = data.get(key)
+        if value is None or any(value == d and type(value) is type(d) for d in defaults):
+            continue
+        why = _WHY.get(key, "not implemented")
+        raise BadRequest(f"'{key}' is not supported ({why}); omit it or send null"
+                         + (f" or {defaults[0]!r}" if defaults else "") + f"; got {value!r}", param=key)
 
 
 _TANDEM_OPTIONS = ("stream_reasoning",)

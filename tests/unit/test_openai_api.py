@@ -94,3 +94,18 @@ def test_tandem_options_ride_in_the_body():
         with pytest.raises(BadRequest, match=fragment) as err:
             parse_chat_request(body(tandem=bad), CFG)
         assert err.value.status == 400
+
+
+@pytest.mark.parametrize("field, value", [("n", 2), ("top_p", 0.9), ("seed", 7), ("stop", ["\n"]), ("stop", "x"),
+                                          ("presence_penalty", 0.5), ("logprobs", True), ("tools", [{"type": "function"}]),
+                                          ("response_format", {"type": "json_object"}), ("n", True)])
+def test_unsupported_sampling_fields_are_refused_not_ignored(field, value):
+    with pytest.raises(BadRequest, match=f"'{field}' is not supported") as err:
+        parse_chat_request(body(**{field: value}), CFG)
+    assert err.value.param == field and err.value.status == 400
+
+
+@pytest.mark.parametrize("field, value", [("n", 1), ("top_p", 1), ("top_p", 1.0), ("seed", None), ("stop", None),
+                                          ("stop", []), ("logprobs", False), ("presence_penalty", 0)])
+def test_their_defaults_are_accepted(field, value):
+    assert parse_chat_request(body(**{field: value}), CFG).ask.question == "hi"
