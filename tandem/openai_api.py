@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from tandem.chat_schema import ChatBody, Message, TandemOptions, TextPart, json_depth_over, parse_body, short
 from tandem.config import POLICY_NAMES, HttpConfig, TandemConfig
 from tandem.errors import BadRequest, NotFound, PayloadTooLarge, TandemError
 from tandem.fetch import fetch_image
@@ -24,7 +25,6 @@ from tandem.schemas import AskRequest, TandemResult
 
 MODEL_PREFIX = "tandem"
 _DATA_URL = re.compile(r"^data:image/[a-zA-Z0-9.+-]+;base64,", re.I)
-_ROLES = {"system", "user", "assistant", "developer"}
 
 
 @dataclass
@@ -38,14 +38,12 @@ def model_ids() -> list[str]:
     return [MODEL_PREFIX] + [f"{MODEL_PREFIX}:{p}" for p in POLICY_NAMES]
 
 
-def policy_for_model(model: object, default: str) -> str:
-    if not isinstance(model, str) or not model:
-        raise BadRequest("'model' must be a non-empty string", param="model")
+def policy_for_model(model: str, default: str) -> str:
     if model == MODEL_PREFIX:
         return default
     name = model.split(":", 1)[1] if model.startswith(MODEL_PREFIX + ":") else None
     if name not in POLICY_NAMES:
-        raise NotFound(f"model '{model}' does not exist; available: {', '.join(model_ids())}", param="model")
+        raise NotFound(f"model {short(model)} does not exist; available: {', '.join(model_ids())}", param="model")
     return name
 
 
@@ -56,19 +54,22 @@ def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
-        raise BadRequest(f"request body is not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("request body must be a JSON object")
-    policy = policy_for_model(data.get("model"), config.policy.default)
+        raise BadRequest(f"request body is not valid JSON: {short(str(err))}") from None
+    except RecursionError:
+        raise BadRequest(f"request body nests deeper than {http.max_json_depth} levels") from None
+    if json_depth_over(data, http.max_json_depth):
+        raise BadRequest(f"request body nests deeper than {http.max_json_depth} levels")
+    chat = parse_body(data)
+    policy = policy_for_model(chat.model, config.policy.default)
     _refuse_unsupported(data)
-    question, images = _parse_messages(data.get("messages"), http)
-    options = _tandem_options(data.get("tandem"))
+    question, images = _parse_messages(chat.messages, http)
+    options = chat.tandem or TandemOptions()
     return ChatRequest(
         ask=AskRequest(question=question, images=images, policy=policy,
-                       max_tokens=_max_tokens(data, config), temperature=_temperature(data),
+                       max_tokens=_max_tokens(chat, config), temperature=_temperature(chat),
                        request_id=request_id or f"chatcmpl-{uuid.uuid4().hex[:24]}",
-                       stream_reasoning=options.get("stream_reasoning", False)),
-        model=data["model"], stream=_flag(data, "stream"))
+                       stream_reasoning=options.stream_reasoning),
+        model=chat.model, stream=chat.stream)
 
 
 # OpenAI sampling fields Tandem does not implement: refused unless they ask for the default, never
@@ -91,64 +92,41 @@ def _refuse_unsupported(data: dict) -> None:
             continue
         why = _WHY.get(key, "not implemented")
         raise BadRequest(f"'{key}' is not supported ({why}); omit it or send null"
-                         + (f" or {defaults[0]!r}" if defaults else "") + f"; got {value!r}", param=key)
+                         + (f" or {defaults[0]!r}" if defaults else "") + f"; got {short(value)}", param=key)
 
 
-_TANDEM_OPTIONS = ("stream_reasoning",)
-
-
-def _tandem_options(value: object) -> dict:
-    """The body's `tandem` object (the openai client sends it with `extra_body`)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise BadRequest("'tandem' must be an object", param="tandem")
-    unknown = sorted(set(value) - set(_TANDEM_OPTIONS))
-    if unknown:
-        raise BadRequest(f"unknown 'tandem' option(s) {unknown}; known: {list(_TANDEM_OPTIONS)}", param="tandem")
-    return {key: _flag(value, key) for key in value}
-
-
-def _flag(data: dict, key: str) -> bool:
-    value = data.get(key, False)
-    if not isinstance(value, bool):
-        raise BadRequest(f"'{key}' must be a boolean", param=key)
-    return value
-
-
-def _max_tokens(data: dict, config: TandemConfig) -> int | None:
-    value = data.get("max_completion_tokens", data.get("max_tokens"))
+def _max_tokens(chat: ChatBody, config: TandemConfig) -> int | None:
+    value = chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
     if value is None:
         return None
     limit = config.limits.max_request_tokens
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
-        raise BadRequest(f"'max_tokens' must be an integer from 1 to {limit}; got {value!r}", param="max_tokens")
+    if not 1 <= value <= limit:
+        raise BadRequest(f"'max_tokens' must be an integer from 1 to {limit}; got {short(value)}", param="max_tokens")
     return value
 
 
-def _temperature(data: dict) -> float:
-    value = data.get("temperature", 0.0)
+def _temperature(chat: ChatBody) -> float:
+    value = chat.temperature
     if value is None:
         return 0.0
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 2.0:
-        raise BadRequest(f"'temperature' must be a number from 0 to 2; got {value!r}", param="temperature")
+    if not 0.0 <= value <= 2.0:
+        raise BadRequest(f"'temperature' must be a number from 0 to 2; got {short(value)}", param="temperature")
     return float(value)
 
 
-def _parse_messages(messages: object, http: HttpConfig) -> tuple[str, list[bytes]]:
+def _parse_messages(messages: list[Message], http: HttpConfig) -> tuple[str, list[bytes]]:
     """The conversation as one question text (turns in order) and its images in order."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list", param="messages")
     texts: list[str] = []
     images: list[bytes] = []
     for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise BadRequest(f"messages[{i}] must be an object", param="messages")
-        role = message.get("role")
-        if role not in _ROLES:
-            raise BadRequest(f"messages[{i}].role must be one of {sorted(_ROLES)}; got {role!r}", param="messages")
-        for text in _parse_content(message.get("content"), i, http, images):
-            texts.append(text if role == "user" else f"{role}: {text}")
+        for j, part in enumerate(message.content):
+            if isinstance(part, TextPart):
+                text = part.text
+                texts.append(text if message.role == "user" else f"{message.role}: {text}")
+            else:
+                if len(images) >= http.max_images:
+                    raise BadRequest(f"too many images; the limit is {http.max_images}", param="messages")
+                images.append(_load_image(part.image_url.url, f"messages[{i}].content[{j}]", http))
     question = "\n".join(t for t in texts if t.strip())
     if not question.strip():
         raise BadRequest("the messages contain no text", param="messages")
@@ -158,30 +136,7 @@ def _parse_messages(messages: object, http: HttpConfig) -> tuple[str, list[bytes
     return question, images
 
 
-def _parse_content(content: object, i: int, http: HttpConfig, images: list[bytes]) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    if not isinstance(content, list) or not content:
-        raise BadRequest(f"messages[{i}].content must be a string or a non-empty list of parts", param="messages")
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "image_url":
-            if len(images) >= http.max_images:
-                raise BadRequest(f"too many images; the limit is {http.max_images}", param="messages")
-            images.append(_load_image(part.get("image_url"), f"messages[{i}].content[{j}]", http))
-        else:
-            raise BadRequest(f"messages[{i}].content[{j}] must be a text or image_url part; got type {kind!r}",
-                             param="messages")
-    return texts
-
-
-def _load_image(image_url: object, where: str, http: HttpConfig) -> bytes:
-    url = image_url.get("url") if isinstance(image_url, dict) else image_url
-    if not isinstance(url, str) or not url:
-        raise BadRequest(f"{where}.image_url.url must be a string", param="messages")
+def _load_image(url: str, where: str, http: HttpConfig) -> bytes:
     if _DATA_URL.match(url):
         payload = url.split(",", 1)[1]
         if len(payload) * 3 // 4 > http.max_image_bytes:

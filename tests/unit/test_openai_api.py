@@ -109,3 +109,30 @@ def test_unsupported_sampling_fields_are_refused_not_ignored(field, value):
                                           ("stop", []), ("logprobs", False), ("presence_penalty", 0)])
 def test_their_defaults_are_accepted(field, value):
     assert parse_chat_request(body(**{field: value}), CFG).ask.question == "hi"
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    (b"[" * 50000 + b"]" * 50000, "nests deeper than"),
+    (b'{"model": "tandem", "messages": [{"role": "user", "content": ' + b"[" * 5000 + b"]" * 5000 + b"}]}",
+     "nests deeper than"),
+])
+def test_deep_nesting_is_a_400_not_a_recursion_error(raw, fragment):
+    with pytest.raises(BadRequest, match=fragment) as err:
+        parse_chat_request(raw, CFG)
+    assert err.value.status == 400
+
+
+def test_lone_surrogates_become_replacement_characters():
+    raw = b'{"model": "tandem", "messages": [{"role": "user", "content": "hi \\ud800 there"}]}'
+    assert parse_chat_request(raw, CFG).ask.question == "hi \ufffd there"
+    raw = b'{"model": "tandem", "messages": [{"role": "user", "content": [{"type": "text", "text": "a\\udfffb"}]}]}'
+    assert parse_chat_request(raw, CFG).ask.question == "a\ufffdb"
+
+
+def test_echoed_values_are_cut_short():
+    for data in ({"model": "x" * 10**6}, {"max_tokens": "9" * 10**5}, {"n": [[["deep"] * 1000]] * 1000},
+                 {"messages": [{"role": "r" * 10**5, "content": "x"}]}):
+        with pytest.raises((BadRequest, NotFound)) as err:
+            parse_chat_request(body(**data), CFG)
+        assert len(err.value.message) < 300, err.value.message[:100]
+        err.value.message.encode("ascii")  # lone surrogates and the like are escaped

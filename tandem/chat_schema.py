@@ -1,0 +1,190 @@
+"""The chat-completions request body as typed models (pydantic), and its validation errors as the
+precise 400 messages clients get: which field, where in `messages`, what was sent (cut short).
+
+Content parts are a discriminated union on `type`; a string content is one text part. Fields that
+exist in OpenAI's API but not here pass the model (`extra="allow"`) and are judged by
+`openai_api`, which refuses the unsupported ones by name. Checks that need the config (limits,
+image decoding) stay in `openai_api`.
+"""
+
+from __future__ import annotations
+
+import re
+import reprlib
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, StrictBool, StrictFloat,
+                      StrictInt, StrictStr, Tag, ValidationError, field_validator)
+from pydantic_core import PydanticCustomError
+
+from tandem.errors import BadRequest
+
+ROLES = ("system", "user", "assistant", "developer")
+_ECHO_CHARS = 40
+
+
+_REPR = reprlib.Repr()  # keyword arguments need Python 3.12
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 2, _ECHO_CHARS, _ECHO_CHARS, 4, 4
+
+
+def short(value: Any) -> str:
+    """A client's value as an error message may echo it: a bounded repr (nesting, length; ASCII-safe
+    for lone surrogates), never the megabyte a client sent."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 2 * _ECHO_CHARS else text[: 2 * _ECHO_CHARS] + "..."
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """Valid JSON may still carry lone UTF-16 surrogates, which no tokenizer can encode: each becomes
+    U+FFFD, the replacement character."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def json_depth_over(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest deeper than `limit` (iterative: no recursion to exhaust)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
+def _image_ref(value: Any) -> Any:
+    return {"url": value} if isinstance(value, str) else value  # a bare URL string is accepted too
+
+
+class ImageRef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    url: StrictStr = Field(min_length=1)
+    detail: StrictStr | None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: StrictStr
+
+    @field_validator("text")
+    @classmethod
+    def _valid_unicode(cls, text: str) -> str:
+        return clean_text(text)
+
+
+class ImagePart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["image_url"]
+    image_url: Annotated[ImageRef, BeforeValidator(_image_ref)]
+
+
+def _part_type(value: Any) -> Any:
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+Part = Annotated[Union[Annotated[TextPart, Tag("text")], Annotated[ImagePart, Tag("image_url")]],
+                 Discriminator(_part_type)]
+
+
+def _content(value: Any) -> Any:
+    if isinstance(value, str):
+        return [{"type": "text", "text": value}]
+    if not isinstance(value, list) or not value:
+        raise PydanticCustomError("content", "must be a string or a non-empty list of parts")
+    return value
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal[ROLES]  # type: ignore[valid-type]
+    content: Annotated[list[Part], BeforeValidator(_content)]
+
+
+class TandemOptions(BaseModel):
+    """The body's `tandem` object (the openai client sends it with `extra_body`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    stream_reasoning: StrictBool = False
+
+
+class ChatBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    temperature: StrictFloat | None = None
+    stream: StrictBool = False
+    tandem: TandemOptions | None = None
+
+
+def parse_body(data: Any) -> ChatBody:
+    """A decoded JSON value as a ChatBody, or BadRequest with the first problem, precisely."""
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+    try:
+        return ChatBody.model_validate(data)
+    except ValidationError as err:
+        raise _bad_request(err.errors()[0]) from None
+
+
+def _where(loc: tuple) -> str:
+    """`messages[0].content[1].image_url.url` from pydantic's location (union tags dropped: the
+    element after a content index names the part's type, not a field)."""
+    out, skip = "", False
+    for i, part in enumerate(loc):
+        if skip:
+            skip = False
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+            skip = i >= 1 and loc[i - 1] == "content"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+_TOP_LEVEL = {
+    "model": "'model' must be a non-empty string",
+    "messages": "'messages' must be a non-empty list",
+    "max_tokens": "'max_tokens' must be an integer",
+    "max_completion_tokens": "'max_completion_tokens' must be an integer",
+    "temperature": "'temperature' must be a number from 0 to 2",
+    "stream": "'stream' must be a boolean",
+    "tandem": "'tandem' must be an object",
+}
+
+
+def _bad_request(e: dict) -> BadRequest:
+    loc, kind, value = tuple(e["loc"]), e["type"], e.get("input")
+    param = str(loc[0]) if loc else None
+    where = _where(loc)
+    got = f"; got {short(value)}" if kind != "missing" else ""
+    if len(loc) == 1 and param in _TOP_LEVEL:
+        return BadRequest(_TOP_LEVEL[param] + got, param=param)
+    if param == "tandem":
+        if kind == "extra_forbidden":
+            return BadRequest(f"unknown 'tandem' option {short(loc[-1])}; known: {list(TandemOptions.model_fields)}",
+                              param=param)
+        return BadRequest(f"'{where}' must be a boolean{got}", param=param)
+    if param == "messages":
+        if len(loc) == 2:
+            return BadRequest(f"{where} must be an object{got}", param=param)
+        field = loc[2]
+        if field == "role":
+            return BadRequest(f"{where} must be one of {list(ROLES)}{got}", param=param)
+        if field == "content" and (len(loc) == 3 or kind == "content"):
+            return BadRequest(f"{where} must be a string or a non-empty list of parts{got}", param=param)
+        if kind in ("union_tag_invalid", "union_tag_not_found", "model_attributes_type"):
+            return BadRequest(f"{where} must be a text or image_url part; got type {short(_part_type(value))}",
+                              param=param)
+        if loc[-1] == "url" or loc[-1] == "image_url":
+            return BadRequest(f"{_where(loc[:-1] if loc[-1] == 'url' else loc)}.url must be a string{got}",
+                              param=param)
+        return BadRequest(f"{where} must be a string{got}" if kind.startswith("string")
+                          else f"{where}: {e['msg']}{got}", param=param)
+    return BadRequest(f"{where or 'request body'}: {e['msg']}{got}", param=param)
