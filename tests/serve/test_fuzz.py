@@ -1,0 +1,46 @@
+"""The parser's fuzz strategies against the served app (fewer examples): whatever the body, the
+response is never a 5xx, always OpenAI's error JSON when not 200, and a good request still answers."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.unit.test_fuzz_api import bodies, json_values
+
+pytestmark = pytest.mark.serve
+SERVED = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _post(url: str, raw: bytes) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", content=raw, timeout=60,
+                      headers={"Content-Type": "application/json"})
+
+
+def _assert_clean(r: httpx.Response) -> None:
+    assert r.status_code < 500, (r.status_code, r.text[:300])
+    if r.status_code != 200:
+        error = r.json()["error"]
+        assert error["code"] == r.status_code and error["type"] and error["message"]
+
+
+@pytest.fixture(scope="module")
+def url(serve_url):
+    yield serve_url
+    good = {"model": "tandem:large", "max_tokens": 2, "messages": [{"role": "user", "content": "still there?"}]}
+    assert _post(serve_url, json.dumps(good).encode()).status_code == 200
+
+
+@SERVED
+@given(body=bodies)
+def test_chat_shaped_bodies_never_get_a_5xx(url, body):
+    _assert_clean(_post(url, json.dumps(body).encode()))
+
+
+@SERVED
+@given(raw=st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_bytes_and_json_values_never_get_a_5xx(url, raw):
+    _assert_clean(_post(url, raw))
