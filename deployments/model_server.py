@@ -17,6 +17,7 @@ import ray
 
 from tandem.config import TandemConfig
 from tandem.engines import make_engine
+from tandem.engines.decoding import collect
 from tandem.schemas import GenerationOutput, GenerationRequest, TokenDelta
 
 
@@ -54,14 +55,7 @@ class ModelServer:
             await events.aclose()
 
     async def generate(self, request: GenerationRequest) -> GenerationOutput:
-        events = self.stream(request)
-        try:
-            async for event in events:
-                if isinstance(event, GenerationOutput):
-                    return event
-        finally:
-            await events.aclose()
-        raise RuntimeError("the engine's stream ended without an output")
+        return await collect(self.stream(request))
 
     def stats(self) -> dict:
         loop = self.engine.loop

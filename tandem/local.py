@@ -11,9 +11,10 @@ import asyncio
 
 from tandem.config import TandemConfig
 from tandem.engines import ROLES, make_engine
+from tandem.engines.decoding import collect
 from tandem.engines.protocol import VisionEngines
 from tandem.pipeline import Pipeline, Stages
-from tandem.schemas import AskRequest, TandemResult, TokenDelta
+from tandem.schemas import AskRequest, TandemResult
 
 
 def load_engines(config: TandemConfig) -> dict:
@@ -29,17 +30,7 @@ def local_stages(engines: dict) -> Stages:
 
     def generate_with(engine):
         async def generate(request, sink=None):
-            stream = engine.stream(request)
-            try:
-                async for event in stream:
-                    if isinstance(event, TokenDelta):
-                        if sink:
-                            sink(event.text)
-                    else:
-                        return event
-            finally:  # a cancelled stage leaves the engine's batch at its next step
-                await stream.aclose()
-            raise RuntimeError("the engine's stream ended without an output")
+            return await collect(engine.stream(request), sink)  # closing the stream cancels the row
         return generate
 
     return Stages(encode=encode, small=generate_with(engines["small"]), large=generate_with(engines["large"]))

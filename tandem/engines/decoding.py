@@ -94,6 +94,21 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
     return hold
 
 
+async def collect(events: AsyncIterator[TokenDelta | GenerationOutput],
+                  sink: Callable[[str], None] | None = None) -> GenerationOutput:
+    """A stream's output, handing each delta's text to `sink`; the stream is closed however this
+    ends, so a cancelled caller stops the decoding behind it."""
+    try:
+        async for event in events:
+            if isinstance(event, GenerationOutput):
+                return event
+            if sink:
+                sink(event.text)
+    finally:
+        await events.aclose()
+    raise RuntimeError("the stream ended without an output")
+
+
 class DecodeLoop:
     def __init__(self, engine: StepEngine, *, max_batch_size: int = 8, batch_wait_s: float = 0.0,
                  name: str = "decode"):
@@ -167,14 +182,7 @@ class DecodeLoop:
 
     async def generate_async(self, request: GenerationRequest) -> GenerationOutput:
         """The output alone, without blocking a thread; cancelling the caller cancels the row."""
-        events = self.stream(request)
-        try:
-            async for event in events:
-                if isinstance(event, GenerationOutput):
-                    return event
-        finally:
-            await events.aclose()
-        raise RuntimeError("the stream ended without an output")
+        return await collect(self.stream(request))
 
     # --- the loop -------------------------------------------------------------------------------
     def _run(self) -> None:
