@@ -70,6 +70,9 @@ MIX = {"small": {"direct": 0.3, "reason": 0.6, "caption": 0.1},
 DEFAULTS = {"small": dict(steps=3000, lr=3e-3, read_first=0.2),
             "large": dict(steps=2000, lr=3e-3, read_first=0.25)}
 CORRUPT_P = 0.25  # share of transfer examples whose hint misreads a cell
+# Share of caption examples that read cells in a random order ("row 2, column 3: green." eight times)
+# instead of row by row: dense supervision of the random access a colour question needs.
+RANDOM_ACCESS_P = 0.0
 CAPTION_QUESTIONS = ("Describe the grid row by row.", f"{PREAMBLE} Read every cell, row by row, from the top left.")
 EOS = "<|im_end|>"
 
@@ -94,6 +97,9 @@ def render_example(item: GridItem, role: str, objective: str, tokenizer, rng: ra
     if objective == "direct":
         return prompts.direct_prompt(question, 1, fmt), answer
     if objective == "caption":
+        if rng.random() < RANDOM_ACCESS_P:
+            question, target = cell_reading(item.cells, rng)
+            return prompts.direct_prompt(question, 1, fmt), target + EOS
         return prompts.direct_prompt(rng.choice(CAPTION_QUESTIONS), 1, fmt), caption(item.cells) + EOS
     if objective == "reason":
         prompt = prompts.reasoning_prompt(question, 1, fmt)
@@ -102,6 +108,15 @@ def render_example(item: GridItem, role: str, objective: str, tokenizer, rng: ra
         return prompt, prompts.answer_after_reasoning(prompt, item.trace, fmt)[len(prompt):] + space + answer
     trace = corrupt_trace(item, rng)[0] if rng.random() < CORRUPT_P else item.trace
     return prompts.transfer_prompt(question, 1, excerpt(trace, tokenizer, rng), fmt), answer
+
+
+def cell_reading(cells, rng: random.Random, n: int = 8) -> tuple[str, str]:
+    """(question, target) naming n cells in a random order, each read as a colour question's trace
+    reads it."""
+    side = len(cells)
+    picks = rng.sample([(r, c) for r in range(1, side + 1) for c in range(1, side + 1)], n)
+    question = f"{PREAMBLE} Name the colour of these cells: " + "; ".join(f"row {r}, column {c}" for r, c in picks) + "."
+    return question, " ".join(f"row {r}, column {c}: {cells[r - 1][c - 1]}." for r, c in picks)
 
 
 def task_corpus(n: int = 1500, seed: int = 0) -> list[str]:
@@ -242,7 +257,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "bf16_autocast": bf16, "threads": torch.get_num_threads(), "train_seconds": round(seconds, 1),
              "parameters": sum(p.numel() for p in model.parameters()),
              "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
-             "read_first": read_first, "mix": MIX[role],
+             "read_first": read_first, "mix": MIX[role], "random_access_p": RANDOM_ACCESS_P,
              "corrupt_hint_p": CORRUPT_P if "transfer" in MIX[role] else None,
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),

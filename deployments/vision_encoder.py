@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from pydantic import BaseModel, ConfigDict, Field
 import ray
@@ -37,7 +37,7 @@ class VisionEncoder:
         self.settings = VisionConfig()
         self.encoded: dict[str, int] = {role: 0 for role in self.towers}
         self.cache_hits = 0
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: deque[int] = deque(maxlen=4096)  # the most recent batches: replicas live for weeks
 
     def reconfigure(self, user_config: dict) -> None:
         self.settings = VisionConfig.model_validate(user_config or {})

@@ -117,7 +117,8 @@ class DecodeLoop:
         self._cv = threading.Condition()
         self._pending: collections.deque[Row] = collections.deque()
         self._thread: threading.Thread | None = None
-        self.prefill_sizes: list[int] = []  # requests admitted together, per admission
+        # Requests admitted together, per admission (the most recent ones: a replica lives for weeks).
+        self.prefill_sizes: collections.deque[int] = collections.deque(maxlen=_KEEP_COUNTS)
         self.decoded: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.cancelled = 0
 
