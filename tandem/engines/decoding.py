@@ -14,7 +14,7 @@ tokenized and checked there too, one request at a time, so one bad request fails
 What the loop needs from an engine (`StepEngine`): `prepare` (tokenize and validate one request),
 `prefill` (a state holding next-token scores for a list of prepared requests), `join`, `keep`
 (rows of a state), `choose` (the next token of each row, with its log-probability where asked) and
-`advance` (one decoding step on the chosen tokens), `token_text`, `stop_token_ids`.
+`advance` (one decoding step on the chosen tokens), `detokenize`, `stop_token_ids`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class StepEngine(Protocol):
     def keep(self, state: Any, rows: list[int]) -> Any: ...
     def choose(self, state: Any, sampling: list[SamplingParams]) -> list[tuple[int, float | None]]: ...
     def advance(self, state: Any, token_ids: list[int]) -> None: ...
-    def token_text(self, token_id: int) -> str: ...
+    def detokenize(self, token_ids: list[int]) -> str: ...
     def finish(self, request: GenerationRequest, output: GenerationOutput) -> None: ...
 
 
@@ -260,10 +260,9 @@ class DecodeLoop:
                 self._finish(row, "stop")
                 continue
             row.ids.append(token)
-            row.texts.append(self.engine.token_text(token))
             if row.request.sampling.logprobs and logprob is not None:
                 row.logprobs.append(logprob)
-            row.text += row.texts[-1]
+            row.texts.append(self._new_text(row))
             stops = row.request.sampling.stop
             if stops and any(s in row.text for s in stops):
                 self._cut_at_stop(row)
@@ -281,6 +280,18 @@ class DecodeLoop:
         return state, rows
 
     # --- row bookkeeping ------------------------------------------------------------------------
+    def _new_text(self, row: Row) -> str:
+        """The text this token completes. The whole sequence is decoded (byte-level BPE splits a
+        character such as "é" or "°" across tokens: decoding token by token gives U+FFFD for each
+        piece); a trailing U+FFFD is an unfinished character, held until its last byte arrives
+        (or the row ends)."""
+        full = self.engine.detokenize(row.ids)
+        last = len(row.ids) >= row.request.sampling.max_tokens
+        if (full.endswith("\ufffd") and not last) or not full.startswith(row.text):
+            return ""
+        piece, row.text = full[len(row.text):], full
+        return piece
+
     def _count(self, row: Row) -> None:
         rid = row.request.request_id
         if rid:

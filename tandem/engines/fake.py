@@ -92,8 +92,8 @@ class FakeEngine:
         for row in state:
             row.pop(0)
 
-    def token_text(self, token_id: int) -> str:
-        return self._texts[token_id]
+    def detokenize(self, token_ids: list[int]) -> str:
+        return "".join(self._texts[t] for t in token_ids)
 
     def finish(self, request: GenerationRequest, output: GenerationOutput) -> None:
         if request.attend_to is not None:

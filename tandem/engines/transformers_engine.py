@@ -212,8 +212,8 @@ class TransformersEngine:
                          use_cache=True, logits_to_keep=1)
         state.logits, state.next_pos = out.logits[:, -1].float(), state.next_pos + 1
 
-    def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=True)
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def finish(self, request: GenerationRequest, output: GenerationOutput) -> None:
         if request.attend_to is not None:

@@ -14,6 +14,8 @@ from tandem import prompts
 from tandem.config import ModelConfig
 from tandem.errors import BadRequest
 from tandem.engines.transformers_engine import TransformersEngine
+from tandem.engines.decoding import Prepared
+from tandem.engines.fake import FakeEngine
 from tandem.schemas import GenerationRequest, SamplingParams, TokenDelta
 
 
@@ -222,3 +224,46 @@ def test_attention_scores_cover_the_reasoning_segment(png):
     assert max(out.span_scores) > min(out.span_scores)
     plain = small.generate([GenerationRequest(prompt, feats, SamplingParams(4))])[0]
     assert plain.token_ids == out.token_ids and plain.span_scores == []  # scoring never changes the answer
+
+
+class _Scripted(FakeEngine):
+    """The decode loop over the real tokenizer, the model replaced by a script of token ids."""
+
+    stop_token_ids = {-1}
+
+    def __init__(self, tokenizer, script):
+        super().__init__("large")
+        self.tokenizer, self.script = tokenizer, script
+
+    def prepare(self, request):
+        return Prepared(1, list(self.script))
+
+    def prefill(self, requests, prepared):
+        return [list(p.data) + [-1] for p in prepared]
+
+    def detokenize(self, token_ids):
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def test_text_is_the_whole_sequence_decoded_not_token_by_token(engine):
+    """Byte-level BPE splits characters across tokens ("°", "é", CJK): per-token decoding turns each
+    piece into U+FFFD. The loop's text, token texts and stream are the whole sequence decoded, a
+    character sent once its last byte has arrived."""
+    text = "Il fait 21 °C à Zürich, 温度は高い."
+    ids = engine.tokenizer(text)["input_ids"]
+    per_token = "".join(engine.tokenizer.decode([t]) for t in ids)
+    assert "\ufffd" in per_token  # the tokenizer does split these characters
+    scripted = _Scripted(engine.tokenizer, ids)
+    request = GenerationRequest("p", [], SamplingParams(len(ids) + 5))
+
+    async def collect():
+        pieces = []
+        async for event in scripted.stream(request):
+            if isinstance(event, TokenDelta):
+                pieces.append(event.text)
+            else:
+                return pieces, event
+
+    pieces, out = asyncio.run(collect())
+    assert out.text == text and "".join(pieces) == text and "".join(out.token_texts) == text
+    assert all("\ufffd" not in p for p in pieces) and len(out.token_texts) == len(ids)
