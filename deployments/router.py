@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tandem import openai_api
+from tandem.chat_schema import short
 from tandem.auth import check_authorization, load_api_keys
 from tandem.config import TandemConfig
 from tandem.errors import NotFound, Overloaded, PayloadTooLarge, StageTimeout, TandemError
@@ -79,7 +80,7 @@ class Router:
                 return JSONResponse(openai_api.models_list())
             if request.method == "POST" and path == "/v1/chat/completions":
                 return await self._chat(request)
-            raise NotFound(f"no route for {request.method} {path}")
+            raise NotFound(f"no route for {short(request.method)} {short(path)}")
         except TandemError as err:
             self.errors.inc(tags={"status": str(err.status)})
             headers = {"Retry-After": str(int(err.retry_after_s or 1))} if err.status in (429, 503) else None
@@ -121,7 +122,7 @@ class Router:
         limit = self.config.http.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+            raise PayloadTooLarge(f"request body is {short(declared)} bytes; the limit is {limit}")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk

@@ -15,6 +15,7 @@ import ssl
 from typing import Callable
 from urllib.parse import urlsplit
 
+from tandem.chat_schema import short
 from tandem.errors import BadRequest, PayloadTooLarge
 
 
@@ -47,18 +48,18 @@ def fetch_image(url: str, *, allowed_hosts: tuple[str, ...], timeout_s: float, m
     parts = urlsplit(url)
     scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
     if scheme not in ("http", "https") or not host:
-        raise BadRequest(f"image URL scheme '{scheme}' is refused; only http(s) to allow-listed hosts")
+        raise BadRequest(f"image URL scheme {short(scheme)} is refused; only http(s) to allow-listed hosts")
     if parts.username or parts.password:
         raise BadRequest("image URLs with credentials are refused")
     if host not in allowed_hosts:
-        raise BadRequest(f"image host '{host}' is not on the allow-list")
+        raise BadRequest(f"image host {short(host)} is not on the allow-list")
     port = parts.port or (443 if scheme == "https" else 80)
     try:
         addresses = resolver(host, port)
     except OSError as err:
-        raise BadRequest(f"image host '{host}' does not resolve: {err}") from None
+        raise BadRequest(f"image host {short(host)} does not resolve: {short(str(err))}") from None
     if not addresses or not all(address_allowed(a) for a in addresses):
-        raise BadRequest(f"image host '{host}' resolves to a non-public address; refused")
+        raise BadRequest(f"image host {short(host)} resolves to a non-public address; refused")
     if scheme == "https":
         conn = _PinnedHTTPSConnection(addresses[0], host, port, timeout_s)
     else:
