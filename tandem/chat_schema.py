@@ -37,10 +37,14 @@ def short(value: Any) -> str:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def clean_text(text: str) -> str:
-    """Valid JSON may still carry lone UTF-16 surrogates, which no tokenizer can encode: each becomes
-    U+FFFD, the replacement character."""
-    return _SURROGATE.sub("\ufffd", text)
+def check_unicode(text: str) -> str:
+    """Valid JSON may still carry lone UTF-16 surrogates (`"\\ud800"`), which are not Unicode text and
+    which no tokenizer can encode: refused, with where the first one is."""
+    bad = _SURROGATE.search(text)
+    if bad:
+        raise PydanticCustomError("unicode", "is not valid Unicode: a lone UTF-16 surrogate at character {pos}",
+                                  {"pos": bad.start()})
+    return text
 
 
 def json_depth_over(value: Any, limit: int) -> bool:
@@ -73,7 +77,7 @@ class TextPart(BaseModel):
     @field_validator("text")
     @classmethod
     def _valid_unicode(cls, text: str) -> str:
-        return clean_text(text)
+        return check_unicode(text)
 
 
 class ImagePart(BaseModel):
@@ -163,6 +167,8 @@ def _bad_request(e: dict) -> BadRequest:
     loc, kind, value = tuple(e["loc"]), e["type"], e.get("input")
     param = str(loc[0]) if loc else None
     where = _where(loc)
+    if kind == "unicode":
+        return BadRequest(f"{where} {e['msg']}; send UTF-8 text", param=param)
     got = f"; got {short(value)}" if kind != "missing" else ""
     if len(loc) == 1 and param in _TOP_LEVEL:
         return BadRequest(_TOP_LEVEL[param] + got, param=param)

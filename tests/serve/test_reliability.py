@@ -99,6 +99,14 @@ BAD_REQUESTS = [
     ("text over the character limit", _msgs([{"role": "user", "content": "x" * 9000}]), 413, "characters"),
     ("prompt over the token limit", _msgs([{"role": "user", "content": "漢" * 7000}]), 400, "tokens"),
     ("body over the limit", b"{" + b" " * (17 * 2**20) + b"}", 413, "limit"),
+    ("50,000 nested arrays", b"[" * 50000 + b"]" * 50000, 400, "nests deeper than"),
+    ("5,000 nested arrays in content", b'{"model": "tandem", "messages": [{"role": "user", "content": '
+     + b"[" * 5000 + b"]" * 5000 + b"}]}", 400, "nests deeper than"),
+    ("lone surrogate", _msgs([{"role": "user", "content": "hi \ud800 there"}]), 400, "not valid Unicode"),
+    ("1 MB model name", _chat(model="x" * 2**20), 404, "does not exist"),
+    ("tools", _chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "'tools' is not supported"),
+    ("n of 3", _chat(n=3), 400, "'n' is not supported"),
+    ("stop", _chat(stop=["\n"]), 400, "'stop' is not supported"),
 ]
 
 
@@ -118,6 +126,7 @@ def test_bad_input_gets_a_clear_4xx_and_the_next_request_is_answered(serve_url, 
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert fragment in error["message"] and error["code"] == status and error["type"]
+    assert len(error["message"]) < 400  # nothing a client sent is echoed back whole
     good = _post(serve_url, {"model": "tandem:large", "max_tokens": 2,
                              "messages": [{"role": "user", "content": [
                                  {"type": "image_url", "image_url": {"url": _url(GOOD)}},

@@ -122,11 +122,18 @@ def test_deep_nesting_is_a_400_not_a_recursion_error(raw, fragment):
     assert err.value.status == 400
 
 
-def test_lone_surrogates_become_replacement_characters():
+def test_lone_surrogates_are_refused_saying_where():
     raw = b'{"model": "tandem", "messages": [{"role": "user", "content": "hi \\ud800 there"}]}'
-    assert parse_chat_request(raw, CFG).ask.question == "hi \ufffd there"
-    raw = b'{"model": "tandem", "messages": [{"role": "user", "content": [{"type": "text", "text": "a\\udfffb"}]}]}'
-    assert parse_chat_request(raw, CFG).ask.question == "a\ufffdb"
+    with pytest.raises(BadRequest, match=r"messages\[0\]\.content\[0\]\.text is not valid Unicode: a lone UTF-16 "
+                                         r"surrogate at character 3") as err:
+        parse_chat_request(raw, CFG)
+    assert err.value.status == 400 and err.value.param == "messages"
+    raw = b'{"model": "tandem", "messages": [{"role": "user", "content": [{"type": "text", "text": "ok"}, ' \
+          b'{"type": "text", "text": "a\\udfffb"}]}]}'
+    with pytest.raises(BadRequest, match=r"content\[1\]\.text is not valid Unicode"):
+        parse_chat_request(raw, CFG)
+    raw = b'{"model": "tandem", "messages": [{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00"}]}'
+    assert parse_chat_request(raw, CFG).ask.question == "caf\u00e9 \U0001F600"  # a surrogate *pair* is fine
 
 
 def test_echoed_values_are_cut_short():
