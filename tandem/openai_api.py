@@ -78,11 +78,16 @@ _UNSUPPORTED = {
     "n": (1,), "top_p": (1, 1.0), "seed": (), "stop": ([], ""), "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0), "logit_bias": ({},), "logprobs": (False,), "top_logprobs": (0,),
     "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
+    "functions": ([],), "function_call": ("none",), "audio": (), "modalities": (["text"],), "prediction": (),
+    "web_search_options": (), "reasoning_effort": (),
 }
 _WHY = {"n": "one choice per request", "top_p": "greedy or plain temperature sampling only",
         "seed": "no seeded sampling", "stop": "stages stop at their own stop strings",
         "logprobs": "no log-probabilities in responses", "top_logprobs": "no log-probabilities in responses",
-        "tools": "no tool calls", "tool_choice": "no tool calls", "response_format": "text answers only"}
+        "tools": "no tool calls", "tool_choice": "no tool calls", "response_format": "text answers only",
+        "functions": "no tool calls", "function_call": "no tool calls", "audio": "text answers only",
+        "modalities": "text answers only", "prediction": "no predicted outputs", "web_search_options": "no web search",
+        "reasoning_effort": "the policy decides how much reasoning a request gets (model: tandem:<policy>)"}
 
 
 def _refuse_unsupported(data: dict) -> None:
