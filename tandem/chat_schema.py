@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 from tandem.errors import BadRequest
 
 ROLES = ("system", "user", "assistant", "developer")
+MAX_MODEL_CHARS = 256  # model ids are short; a longer one is malformed input, not an unknown model
 _ECHO_CHARS = 40
 
 
@@ -117,7 +118,7 @@ class TandemOptions(BaseModel):
 
 class ChatBody(BaseModel):
     model_config = ConfigDict(extra="allow")
-    model: StrictStr = Field(min_length=1)
+    model: StrictStr = Field(min_length=1, max_length=MAX_MODEL_CHARS)
     messages: list[Message] = Field(min_length=1)
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
@@ -170,6 +171,8 @@ def _bad_request(e: dict) -> BadRequest:
     if kind == "unicode":
         return BadRequest(f"{where} {e['msg']}; send UTF-8 text", param=param)
     got = f"; got {short(value)}" if kind != "missing" else ""
+    if loc == ("model",) and kind == "string_too_long":
+        return BadRequest(f"'model' is over {MAX_MODEL_CHARS} characters; got {short(value)}", param="model")
     if len(loc) == 1 and param in _TOP_LEVEL:
         return BadRequest(_TOP_LEVEL[param] + got, param=param)
     if param == "tandem":

@@ -103,7 +103,7 @@ BAD_REQUESTS = [
     ("5,000 nested arrays in content", b'{"model": "tandem", "messages": [{"role": "user", "content": '
      + b"[" * 5000 + b"]" * 5000 + b"}]}", 400, "nests deeper than"),
     ("lone surrogate", _msgs([{"role": "user", "content": "hi \ud800 there"}]), 400, "not valid Unicode"),
-    ("1 MB model name", _chat(model="x" * 2**20), 404, "does not exist"),
+    ("1 MB model name", _chat(model="x" * 2**20), 400, "'model' is over 256 characters"),
     ("tools", _chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "'tools' is not supported"),
     ("n of 3", _chat(n=3), 400, "'n' is not supported"),
     ("stop", _chat(stop=["\n"]), 400, "'stop' is not supported"),

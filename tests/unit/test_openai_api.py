@@ -138,6 +138,14 @@ def test_lone_surrogates_are_refused_saying_where():
     assert parse_chat_request(raw, CFG).ask.question == "caf\u00e9 \U0001F600"  # a surrogate *pair* is fine
 
 
+def test_a_megabyte_model_name_is_malformed_input():
+    with pytest.raises(BadRequest, match="'model' is over 256 characters") as err:
+        parse_chat_request(body(model="x" * 2**20), CFG)
+    assert err.value.status == 400 and len(err.value.message) < 200
+    with pytest.raises(NotFound, match="does not exist"):
+        parse_chat_request(body(model="tandem:" + "x" * 200), CFG)  # long but plausible: unknown
+
+
 def test_echoed_values_are_cut_short():
     for data in ({"model": "x" * 10**6}, {"max_tokens": "9" * 10**5}, {"n": [[["deep"] * 1000]] * 1000},
                  {"messages": [{"role": "r" * 10**5, "content": "x"}]}):
