@@ -31,6 +31,9 @@ from tandem.schemas import GenerationOutput, GenerationRequest, SamplingParams, 
 
 logger = logging.getLogger(__name__)
 _KEEP_COUNTS = 4096  # decoded-token counts kept for the most recent requests (stats)
+# Committed tokens decoded again beside the new ones: a tokenizer may space a token by the one before
+# it, and the window keeps each step's decode a few tokens long, not the whole sequence.
+_DETOKENIZE_CONTEXT = 4
 
 
 class StepEngine(Protocol):
@@ -67,6 +70,7 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
     sent: int = 0  # characters of `text` already handed to the sink
+    committed: int = 0  # tokens of `ids` whose text is in `text`
     prompt_tokens: int = 0
     steps: int = 0
     batch_size: int = 0
@@ -281,15 +285,18 @@ class DecodeLoop:
 
     # --- row bookkeeping ------------------------------------------------------------------------
     def _new_text(self, row: Row) -> str:
-        """The text this token completes. The whole sequence is decoded (byte-level BPE splits a
-        character such as "é" or "°" across tokens: decoding token by token gives U+FFFD for each
-        piece); a trailing U+FFFD is an unfinished character, held until its last byte arrives
-        (or the row ends)."""
-        full = self.engine.detokenize(row.ids)
+        """The text this token completes. The uncommitted tokens are decoded together, after a few
+        committed ones (byte-level BPE splits a character such as "é" or "°" across tokens: decoding
+        token by token gives U+FFFD for each piece); a trailing U+FFFD is an unfinished character,
+        held until its last byte arrives (or the row ends)."""
+        start = max(0, row.committed - _DETOKENIZE_CONTEXT)
+        before = self.engine.detokenize(row.ids[start:row.committed])
+        window = self.engine.detokenize(row.ids[start:])
         last = len(row.ids) >= row.request.sampling.max_tokens
-        if (full.endswith("\ufffd") and not last) or not full.startswith(row.text):
+        if (window.endswith("\ufffd") and not last) or not window.startswith(before):
             return ""
-        piece, row.text = full[len(row.text):], full
+        piece = window[len(before):]
+        row.text, row.committed = row.text + piece, len(row.ids)
         return piece
 
     def _count(self, row: Row) -> None:
