@@ -72,30 +72,28 @@ def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None
         model=chat.model, stream=chat.stream)
 
 
-# OpenAI sampling fields Tandem does not implement: refused unless they ask for the default, never
-# silently ignored (a client that sets them expects them to act).
-_UNSUPPORTED = {
-    "n": (1,), "top_p": (1, 1.0), "seed": (), "stop": ([], ""), "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0), "logit_bias": ({},), "logprobs": (False,), "top_logprobs": (0,),
-    "tools": ([],), "tool_choice": ("none",), "response_format": ({"type": "text"},),
-    "functions": ([],), "function_call": ("none",), "audio": (), "modalities": (["text"],), "prediction": (),
-    "web_search_options": (), "reasoning_effort": (),
+# OpenAI sampling fields Tandem does not implement, with the values that ask for the default (those
+# pass) and why: refused otherwise, never silently ignored (a client that sets them expects them to act).
+_NO_TOOLS, _TEXT_ONLY, _NO_LOGPROBS = "no tool calls", "text answers only", "no log-probabilities in responses"
+_UNSUPPORTED: dict[str, tuple[tuple, str]] = {
+    "n": ((1,), "one choice per request"), "top_p": ((1, 1.0), "greedy or plain temperature sampling only"),
+    "seed": ((), "no seeded sampling"), "stop": (([], ""), "stages stop at their own stop strings"),
+    "presence_penalty": ((0, 0.0), "not implemented"), "frequency_penalty": ((0, 0.0), "not implemented"),
+    "logit_bias": (({},), "not implemented"), "logprobs": ((False,), _NO_LOGPROBS),
+    "top_logprobs": ((0,), _NO_LOGPROBS), "tools": (([],), _NO_TOOLS), "tool_choice": (("none",), _NO_TOOLS),
+    "functions": (([],), _NO_TOOLS), "function_call": (("none",), _NO_TOOLS),
+    "response_format": (({"type": "text"},), _TEXT_ONLY), "audio": ((), _TEXT_ONLY),
+    "modalities": ((["text"],), _TEXT_ONLY), "prediction": ((), "no predicted outputs"),
+    "web_search_options": ((), "no web search"),
+    "reasoning_effort": ((), "the policy decides how much reasoning a request gets (model: tandem:<policy>)"),
 }
-_WHY = {"n": "one choice per request", "top_p": "greedy or plain temperature sampling only",
-        "seed": "no seeded sampling", "stop": "stages stop at their own stop strings",
-        "logprobs": "no log-probabilities in responses", "top_logprobs": "no log-probabilities in responses",
-        "tools": "no tool calls", "tool_choice": "no tool calls", "response_format": "text answers only",
-        "functions": "no tool calls", "function_call": "no tool calls", "audio": "text answers only",
-        "modalities": "text answers only", "prediction": "no predicted outputs", "web_search_options": "no web search",
-        "reasoning_effort": "the policy decides how much reasoning a request gets (model: tandem:<policy>)"}
 
 
 def _refuse_unsupported(data: dict) -> None:
-    for key, defaults in _UNSUPPORTED.items():
+    for key, (defaults, why) in _UNSUPPORTED.items():
         value = data.get(key)
         if value is None or any(value == d and type(value) is type(d) for d in defaults):
             continue
-        why = _WHY.get(key, "not implemented")
         raise BadRequest(f"'{key}' is not supported ({why}); omit it or send null"
                          + (f" or {defaults[0]!r}" if defaults else "") + f"; got {short(value)}", param=key)
 
