@@ -181,13 +181,12 @@ class _Run:
     def n_images(self) -> int:
         return len(self.req.images)
 
-    def direct(self, role: str, final: bool = False) -> asyncio.Future:
+    def direct(self, role: str, final: bool = False, logprobs: bool = False) -> asyncio.Future:
         """The role's direct answer, started once per request: a degraded fallback after a small-model
         failure reuses the large model's stage-1 answer instead of generating it again. `final`: it is
-        the answer (streamed); the confidence policy needs its log-probabilities."""
+        the answer (streamed); `logprobs`: keep its tokens' log-probabilities."""
         if role not in self._direct:
             prompt = prompts.direct_prompt(self.req.question, self.n_images, self.fmt(role))
-            logprobs = role == "large" and self.policy == "confidence"
             self._direct[role] = asyncio.ensure_future(
                 self.generate(f"{role}_direct", role, prompt, self.answer_tokens,
                               sink=self.content if final else None, logprobs=logprobs))
@@ -256,7 +255,7 @@ class _Run:
         return "transfer", await self.transfer(speculative), decision
 
     async def policy_confidence(self):
-        large = await self.direct("large")
+        large = await self.direct("large", logprobs=True)
         decision = decide_confidence(large.logprobs, self.cfg.policy.confidence_threshold)
         if not decision.transfer:
             return "large", large, decision
