@@ -1,0 +1,199 @@
+"""Capacity planner: the cheapest replicas per pool that carry a rate within a p95 SLO, by simulation.
+
+    python -m benchmarks.plan --profile P.json --rate 1000 --p95-ms 2000 --transfer-rate 0.137 \\
+        [--config serve_config.gpu.yaml] [--out plan.yaml] [--sanity]
+
+Cost is GPUs, each pool's replicas times its `num_gpus` in the serve config (the Router's replicas
+take none; among plans with as many GPUs, fewer Routers win). The search:
+1. a lower bound per pool from the work one request brings (each stage's time per request at the
+   pool's largest batch, as the profile measures it) times the rate; for the Routers, which hold a
+   request for its whole life, enough slots for the rate times an unloaded request's latency;
+2. grow: simulate, and while the p95 misses the SLO or more than `--max-rejection` of requests are
+   rejected, add replicas to the pool whose calls wait longest (in steps of ~10 %);
+3. trim: for each pool, most GPUs per replica first, remove replicas one at a time while the plan
+   still meets both.
+Every simulation uses the same seed and arrivals, so two plans are compared on the same traffic.
+Writes a serve-config overlay (`num_replicas` per deployment; `--base` merges it into a whole
+config). `--sanity` also simulates the plan with one replica fewer in its busiest GPU pool (it should
+miss) and plans twice the rate (the GPUs should roughly double). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+from pathlib import Path
+
+import yaml
+
+from benchmarks.simulate import (GENERATORS, POOLS, ROOT, PoolSettings, Profile, Workload, add_workload_args,
+                                 settings_from_config, simulate, workload_for)
+
+
+def lower_bound(profile: Profile, workload: Workload, settings: dict[str, PoolSettings], rate: float) -> dict[str, int]:
+    """Replicas each pool needs just to keep up with `rate` when every batch is full: the busy time one
+    request brings to the pool (its stages' share of a full batch) times the rate, rounded up."""
+    busy = {name: 0.0 for name in POOLS}  # ms of one replica's time per request
+    busy["Router"] = profile.router_ms
+    for _, share, phases in workload.paths:
+        for phase in phases:
+            for call in phase:
+                if call.kind == "vision":
+                    b = settings["VisionEncoder"].max_batch_size
+                    busy["VisionEncoder"] += share * workload.images * profile.vision[call.role](b) / b
+                else:
+                    pool = GENERATORS[call.role]
+                    b = min(settings[pool].max_batch_size, settings[pool].max_ongoing)
+                    busy[pool] += share * (call.steps * profile.step[call.role](b)
+                                           + profile.prefill[call.role](b * call.prompt_tokens)) / b
+    return {name: max(1, math.ceil(rate * ms / 1000)) for name, ms in busy.items()}
+
+
+def gpus(replicas: dict[str, int], settings: dict[str, PoolSettings]) -> float:
+    return sum(n * settings[name].gpus_per_replica for name, n in replicas.items())
+
+
+class Planner:
+    def __init__(self, profile: Profile, workload: Workload, settings: dict[str, PoolSettings], *, p95_ms: float,
+                 max_rejection: float = 0.001, duration_s: float = 30.0, seed: int = 0, host_cores=None,
+                 verbose: bool = True):
+        self.profile, self.workload, self.settings = profile, workload, settings
+        self.p95_ms, self.max_rejection = p95_ms, max_rejection
+        self.duration_s, self.seed, self.host_cores, self.verbose = duration_s, seed, host_cores, verbose
+        self.simulations = 0
+
+    def evaluate(self, replicas: dict[str, int], rate: float) -> dict:
+        self.simulations += 1
+        r = simulate(self.profile, self.workload, replicas, self.settings, rate=rate, duration_s=self.duration_s,
+                     seed=self.seed, host_cores=self.host_cores)
+        if self.verbose:
+            print(f"  {self._label(replicas)}: p95 {r['p95_ms']:.0f} ms, rejected {r['rejection_rate']:.2%}, "
+                  f"{r['throughput_rps']} req/s -> {'meets' if self.meets(r) else 'misses'}", flush=True)
+        return r
+
+    def meets(self, r: dict) -> bool:
+        return r["completed"] > 0 and r["p95_ms"] <= self.p95_ms and r["rejection_rate"] <= self.max_rejection
+
+    @staticmethod
+    def _label(replicas: dict[str, int]) -> str:
+        return " ".join(f"{k[:5]}={v}" for k, v in replicas.items())
+
+    def bottleneck(self, result: dict) -> str:
+        """The pool to grow: the model pool whose calls wait longest for a batch (or reject), since
+        the p95 is made of those waits; the Router only when no model pool waits (its own slots or
+        CPU are short — a Router queue behind a slow model pool is that pool's doing)."""
+        pools = result["pools"]
+        models = [n for n in POOLS if n != "Router"]
+        worst = max(models, key=lambda n: (pools[n]["rejected"] > 0, pools[n]["queue_ms_p95"]))
+        if pools[worst]["rejected"] == 0 and pools[worst]["queue_ms_p95"] < 0.1 * self.p95_ms and (
+                pools["Router"]["rejected"] or pools["Router"]["queue_ms_p95"] >= 0.1 * self.p95_ms):
+            return "Router"
+        return worst
+
+    def plan(self, rate: float, max_iterations: int = 60) -> tuple[dict[str, int], dict]:
+        replicas = lower_bound(self.profile, self.workload, self.settings, rate)
+        # Little's law: the Routers hold every request for its whole latency, at least an unloaded one.
+        alone = simulate(self.profile, self.workload, {}, self.settings, concurrency=1, duration_s=5, seed=self.seed,
+                         host_cores=self.host_cores)
+        slots = rate * alone["p50_ms"] / 1000 / self.settings["Router"].max_ongoing
+        replicas["Router"] = max(replicas["Router"], math.ceil(slots))
+        if self.verbose:
+            print(f"rate {rate} req/s: lower bound {self._label(replicas)}")
+        result = self.evaluate(replicas, rate)
+        for _ in range(max_iterations):
+            if self.meets(result):
+                break
+            worst = self.bottleneck(result)
+            replicas[worst] += max(1, round(replicas[worst] * 0.1))
+            result = self.evaluate(replicas, rate)
+        else:
+            raise RuntimeError(f"no plan meets p95 {self.p95_ms} ms within {max_iterations} steps; last "
+                               f"{self._label(replicas)}: p95 {result['p95_ms']} ms")
+        # Trim: dearest replicas first, one at a time, keeping the SLO.
+        order = sorted(POOLS, key=lambda n: -self.settings[n].gpus_per_replica)
+        trimmed = True
+        while trimmed:
+            trimmed = False
+            for name in order:
+                if replicas[name] <= 1:
+                    continue
+                fewer = {**replicas, name: replicas[name] - 1}
+                r = self.evaluate(fewer, rate)
+                if self.meets(r):
+                    replicas, result, trimmed = fewer, r, True
+        return replicas, result
+
+
+def busiest_gpu_pool(result: dict, settings: dict[str, PoolSettings]) -> str:
+    return max((n for n in POOLS if settings[n].gpus_per_replica > 0 and result["replicas"][n] > 1),
+               key=lambda n: result["pools"][n]["utilisation"], default="LargeAnswerer")
+
+
+def overlay(replicas: dict[str, int], base: dict | None = None) -> dict:
+    """The plan as a serve config: `base` with each deployment's replicas fixed, or just the overlay."""
+    if base is None:
+        return {"applications": [{"name": "tandem", "deployments": [{"name": n, "num_replicas": replicas[n]}
+                                                                     for n in POOLS]}]}
+    config = copy.deepcopy(base)
+    for d in config["applications"][0]["deployments"]:
+        if d["name"] in replicas:
+            d.pop("autoscaling_config", None)
+            d["num_replicas"] = replicas[d["name"]]
+    return config
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(p)
+    p.add_argument("--rate", type=float, required=True, help="target arrivals per second (open loop)")
+    p.add_argument("--p95-ms", type=float, required=True, help="the p95 latency SLO")
+    p.add_argument("--max-rejection", type=float, default=0.001, help="largest share of 503s allowed")
+    p.add_argument("--duration-s", type=float, default=30.0, help="simulated seconds per candidate")
+    p.add_argument("--out", help="write the plan as a serve-config overlay (YAML)")
+    p.add_argument("--base", help="with --out: merge into this serve config instead (a whole config)")
+    p.add_argument("--sanity", action="store_true", help="also: one GPU fewer in the busiest pool; twice the rate")
+    args = p.parse_args(argv)
+    profile = Profile.load(args.profile)
+    workload = workload_for(args, profile)
+    settings = settings_from_config(args.config)
+    print(f"profile {args.profile} ({profile.source.get('device', '?')}); workload: {workload.describe()}")
+    planner = Planner(profile, workload, settings, p95_ms=args.p95_ms, max_rejection=args.max_rejection,
+                      duration_s=args.duration_s, seed=args.seed, host_cores=args.host_cores)
+    replicas, result = planner.plan(args.rate)
+    summary = {"benchmark": "plan", "rate_rps": args.rate, "p95_slo_ms": args.p95_ms,
+               "transfer_rate": round(sum(s for n, s, _ in workload.paths if n == "transfer"), 4),
+               "replicas": replicas, "gpus": gpus(replicas, settings),
+               "predicted": {k: result[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "p99_ms", "rejection_rate")}
+               | {"utilisation": {n: v["utilisation"] for n, v in result["pools"].items()}},
+               "simulations": planner.simulations}
+    if args.sanity:
+        pool = busiest_gpu_pool(result, settings)
+        fewer = {**replicas, pool: replicas[pool] - 1}
+        r = planner.evaluate(fewer, args.rate)
+        summary["minus_one"] = {"pool": pool, "replicas": fewer, "p95_ms": r["p95_ms"],
+                                "rejection_rate": r["rejection_rate"], "meets": planner.meets(r)}
+        double, _ = planner.plan(2 * args.rate)
+        summary["double_rate"] = {"replicas": double, "gpus": gpus(double, settings),
+                                  "gpu_ratio": round(gpus(double, settings) / max(summary["gpus"], 1e-9), 2)}
+    print(f"\nplan for {args.rate} req/s, p95 <= {args.p95_ms} ms: " + ", ".join(f"{k} {v}" for k, v in replicas.items())
+          + f" = {summary['gpus']:g} GPUs; predicted p95 {result['p95_ms']} ms, {result['throughput_rps']} req/s, "
+          f"rejected {result['rejection_rate']:.2%}")
+    if args.sanity:
+        m, d = summary["minus_one"], summary["double_rate"]
+        print(f"one fewer {m['pool']}: p95 {m['p95_ms']} ms, rejected {m['rejection_rate']:.2%} -> "
+              f"{'still meets (the plan is not tight)' if m['meets'] else 'misses'}; twice the rate: "
+              f"{d['gpus']:g} GPUs ({d['gpu_ratio']}x)")
+    if args.out:
+        base = yaml.safe_load(Path(args.base).read_text()) if args.base else None
+        Path(args.out).write_text(f"# benchmarks.plan: {args.rate} req/s, p95 <= {args.p95_ms} ms, transfer rate "
+                                  f"{summary['transfer_rate']}, profile {args.profile}\n"
+                                  + yaml.safe_dump(overlay(replicas, base), sort_keys=False))
+        print(f"serve config {'(whole)' if base else 'overlay'}: {args.out}")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,569 @@
+"""A discrete-event simulation (simpy) of a Tandem cluster, fed by a measured stage profile.
+
+    python -m benchmarks.simulate --profile P.json --rate 200 \\
+        --replicas VisionEncoder=1,SmallReasoner=2,LargeAnswerer=3 --duration-s 60
+    python -m benchmarks.simulate --profile P.json --concurrency 16 --config serve_config.yaml
+
+What is modelled, as the app does it (DESIGN §13):
+- **Router pool**: each request holds a Router slot (`max_ongoing_requests`) for its whole pipeline;
+  the Router's own CPU work per request (`router.ms` of the profile: parsing, the trace, the response)
+  runs one request at a time on a replica's event loop.
+- **Serve's handle routing** into every pool: a replica is picked by power of two choices among those
+  under `max_ongoing_requests`; with none free the call waits in the caller's queue, and past
+  `max_queued_requests` (per calling replica, as Serve counts it) the request is rejected with a 503.
+- **VisionEncoder**: `@serve.batch` — a batch closes at `max_batch_size` calls or `batch_wait_timeout_s`
+  after its oldest call; a mixed batch runs each model's tower on its images (`vision.<role>` curves).
+- **SmallReasoner / LargeAnswerer**: the step-level decode loop (`tandem/engines/decoding.py`): rows
+  join between steps (a prefill over the joining prompts, `prefill.<role>` by total prompt tokens),
+  every step costs `step.<role>` at the running batch size, each row leaves after its own steps; an
+  idle loop waits `batch_wait_timeout_s` for a batch to fill.
+- **The policy's path mix** (`Workload`): agree vs transfer share, per-stage prompt tokens and decode
+  steps. Open-loop Poisson arrivals at any rate, or a closed loop of N clients (to check against a
+  load test).
+
+`--host-cores N` models replicas that share N CPU cores (the local CPU app): a batch or step that starts
+while k replicas compute runs max(1, k / N) times slower. On GPU pools leave it unset: each replica
+owns its device. What is not modelled: the network and object-store transfer of features, the
+feature cache, autoscaling (pools are fixed), stop strings ending a row early (steps are counts).
+
+Output: a table and one JSON line — throughput, p50/p95/p99, rejection rate, and per pool its
+utilisation (compute time / replica time), queueing time (submitted → in a batch) and mean batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import simpy
+import yaml
+
+from benchmarks.metrics import percentile
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE_KIND = "tandem-stage-profile"
+POOLS = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
+GENERATORS = {"small": "SmallReasoner", "large": "LargeAnswerer"}
+ROLES = ("small", "large")
+
+
+# --- the profile ------------------------------------------------------------------------------------
+class Curve:
+    """Milliseconds as a function of one size, piecewise linear through measured points; past either
+    end, the nearest segment's line (never below the smallest measured time)."""
+
+    def __init__(self, points: list[tuple[float, float]]):
+        if not points:
+            raise ValueError("a curve needs at least one measured point")
+        pts = sorted(points)
+        self.xs, self.ys = [float(x) for x, _ in pts], [float(y) for _, y in pts]
+        self.floor = min(self.ys)
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if len(xs) == 1:
+            return ys[0]
+        i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        y = y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return max(self.floor, y)
+
+
+@dataclass
+class Profile:
+    """Per-stage service times (ms) of one deployment of the models: what `benchmarks.stage_profile`
+    writes (CPU, tiny models; or a GPU at real sizes)."""
+
+    router_ms: float
+    vision: dict[str, Curve]    # role -> ms for a batch of n images
+    prefill: dict[str, Curve]   # role -> ms for one join, by the joining rows' total prompt tokens
+    step: dict[str, Curve]      # role -> ms for one decode step of n rows
+    workload: dict = field(default_factory=dict)  # the path mix measured with the profile, if any
+    source: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Profile:
+        if d.get("kind") != PROFILE_KIND:
+            raise ValueError(f"not a stage profile (kind {d.get('kind')!r}, expected {PROFILE_KIND!r})")
+        gens = d["generators"]
+        return cls(router_ms=float(d["router"]["ms"]),
+                   vision={r: Curve([(p["images"], p["ms"]) for p in d["vision"][r]]) for r in ROLES},
+                   prefill={r: Curve([(p["batch"] * p["prompt_tokens"], p["ms"]) for p in gens[r]["prefill"]])
+                            for r in ROLES},
+                   step={r: Curve([(p["batch"], p["ms"]) for p in gens[r]["step"]]) for r in ROLES},
+                   workload=d.get("workload", {}), source=d.get("source", {}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def scaled(self, factors: dict[str, float]) -> Profile:
+        """Every time of a stage multiplied by its factor (keys: router, vision, small, large)."""
+        def scale(c: Curve, f: float) -> Curve:
+            return Curve([(x, y * f) for x, y in zip(c.xs, c.ys)])
+        return Profile(router_ms=self.router_ms * factors.get("router", 1.0),
+                       vision={r: scale(c, factors.get("vision", 1.0)) for r, c in self.vision.items()},
+                       prefill={r: scale(c, factors.get(r, 1.0)) for r, c in self.prefill.items()},
+                       step={r: scale(c, factors.get(r, 1.0)) for r, c in self.step.items()},
+                       workload=self.workload, source={**self.source, "scaled": factors})
+
+
+# --- the workload -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call:
+    """One stage call: `role`'s vision tower (steps 0) or its language model."""
+
+    kind: str            # "vision" | "generate"
+    role: str            # "small" | "large"
+    prompt_tokens: int = 0
+    steps: int = 0
+
+
+Phase = tuple[Call, ...]  # calls that run concurrently; the next phase starts when all are done
+
+
+# The stages of `mutual`, what each costs by default (decode steps = tokens + the stop token), and
+# the phase each runs in: vision, then both direct answers; on disagreement the small model's
+# reasoning, then the large model's answer from the transferred excerpt.
+MUTUAL_STAGES = {"small_direct": {"prompt_tokens": 40, "decode_steps": 3},
+                 "large_direct": {"prompt_tokens": 40, "decode_steps": 3},
+                 "small_reasoning": {"prompt_tokens": 40, "decode_steps": 40},
+                 "large_transfer": {"prompt_tokens": 100, "decode_steps": 3}}
+
+
+@dataclass
+class Workload:
+    """Paths a request can take, with their shares. Token figures are decode steps per stage, as the
+    trace's `stages` reports them."""
+
+    paths: list[tuple[str, float, tuple[Phase, ...]]]
+    images: int = 1
+
+    @classmethod
+    def mutual(cls, transfer_rate: float, stages: dict[str, dict] | None = None, *, images: int = 1) -> Workload:
+        """The `mutual` policy (`stages` overrides MUTUAL_STAGES' prompt tokens and decode steps)."""
+        if not 0 <= transfer_rate <= 1:
+            raise ValueError(f"transfer rate {transfer_rate} is outside 0..1")
+        st = {k: {**v, **(stages or {}).get(k, {})} for k, v in MUTUAL_STAGES.items()}
+
+        def gen(name: str) -> Call:
+            return Call("generate", name.split("_")[0], max(1, round(st[name]["prompt_tokens"])),
+                        max(1, round(st[name]["decode_steps"])))
+        head = ((Call("vision", "small"), Call("vision", "large")),) if images else ()
+        stage1 = head + ((gen("small_direct"), gen("large_direct")),)
+        stage2 = ((gen("small_reasoning"),), (gen("large_transfer"),))
+        return cls([("agree", 1 - transfer_rate, stage1), ("transfer", transfer_rate, stage1 + stage2)], images)
+
+    @classmethod
+    def from_measured(cls, measured: dict, transfer_rate: float | None = None) -> Workload:
+        """`mutual` with what a profile measured on the app (its `workload` section), if anything."""
+        rate = measured.get("transfer_rate", 0.5) if transfer_rate is None else transfer_rate
+        return cls.mutual(rate, measured.get("stages"), images=measured.get("images", 1))
+
+    def describe(self) -> str:
+        return "; ".join(f"{name} {share:.0%}: " + " -> ".join(
+            "+".join(f"{c.role[0]}{'V' if c.kind == 'vision' else f'{c.steps}s'}" for c in ph) for ph in phases)
+            for name, share, phases in self.paths)
+
+
+# --- the cluster's settings ---------------------------------------------------------------------------
+@dataclass
+class PoolSettings:
+    max_ongoing: int = 32
+    max_queued: int = -1          # per calling replica; -1: unbounded (Serve's default)
+    max_batch_size: int = 8
+    batch_wait_s: float = 0.01
+    gpus_per_replica: float = 0.0
+
+
+def settings_from_config(path: str | Path) -> dict[str, PoolSettings]:
+    """Each deployment's limits and batching as a serve config file sets them."""
+    cfg = yaml.safe_load(Path(path).read_text())
+    deployments = {d["name"]: d for d in cfg["applications"][0].get("deployments", [])}
+    out = {}
+    for name in POOLS:
+        d = deployments.get(name, {})
+        user = d.get("user_config") or {}
+        out[name] = PoolSettings(max_ongoing=int(d.get("max_ongoing_requests", 5)),
+                                 max_queued=int(d.get("max_queued_requests", -1)),
+                                 max_batch_size=int(user.get("max_batch_size", 8)),
+                                 batch_wait_s=float(user.get("batch_wait_timeout_s", 0.01 if name != "VisionEncoder"
+                                                                                     else 0.005)),
+                                 gpus_per_replica=float((d.get("ray_actor_options") or {}).get("num_gpus", 0)))
+    return out
+
+
+# --- the simulation ---------------------------------------------------------------------------------
+class _Request:
+    __slots__ = ("arrived", "phases", "phase", "pending", "failed", "replica", "path")
+
+    def __init__(self, arrived: float, path: str, phases):
+        self.arrived, self.path, self.phases = arrived, path, phases
+        self.phase, self.pending, self.failed, self.replica = 0, 0, False, None  # replica: its Router
+
+
+class _Job:
+    """One call in a pool: the unit that is queued, batched and completed."""
+    __slots__ = ("request", "call", "submitted", "left", "replica")
+
+    def __init__(self, request: _Request, call: Call, now: float):
+        self.request, self.call, self.submitted, self.left, self.replica = request, call, now, call.steps, None
+
+
+class _Replica:
+    __slots__ = ("pool", "index", "ongoing", "queue", "wake", "full", "busy_until", "compute_s")
+
+    def __init__(self, pool: _Pool, index: int):
+        self.pool, self.index = pool, index
+        self.ongoing, self.queue, self.wake, self.full = 0, deque(), None, None
+        self.busy_until, self.compute_s = 0.0, 0.0
+
+
+class _Pool:
+    def __init__(self, sim: Simulation, name: str, n: int, settings: PoolSettings, queue_limit: int):
+        self.sim, self.name, self.settings = sim, name, settings
+        self.replicas = [_Replica(self, i) for i in range(n)]
+        self.waiting: deque = deque()  # the callers' queue: jobs no replica has room for yet
+        self.queue_limit = queue_limit
+        self.queue_s: list[float] = []
+        self.rejected = 0
+        self.batches = self.batched = 0  # batches run and jobs in them (decoders: steps and rows)
+
+    def pick(self) -> _Replica | None:
+        """Serve's power of two choices among replicas with room; None when all are full."""
+        free = [r for r in self.replicas if r.ongoing < self.settings.max_ongoing]
+        if not free:
+            return None
+        if len(free) <= 2:
+            return min(free, key=lambda r: r.ongoing)
+        a, b = self.sim.rng.sample(free, 2)
+        return a if a.ongoing <= b.ongoing else b
+
+    def submit(self, job) -> bool:
+        replica = self.pick()
+        if replica is None:
+            if 0 <= self.queue_limit <= len(self.waiting):
+                self.rejected += 1
+                return False
+            self.waiting.append(job)
+            return True
+        self.assign(job, replica)
+        return True
+
+    def assign(self, job, replica: _Replica) -> None:
+        replica.ongoing += 1
+        job.replica = replica
+        self.sim.on_assigned(self, job, replica)
+
+    def release(self, replica: _Replica) -> None:
+        replica.ongoing -= 1
+        if self.waiting:
+            self.assign(self.waiting.popleft(), replica)
+
+
+class Simulation:
+    """One run: `Simulation(profile, workload, replicas, settings).run(rate=R, duration_s=D)`."""
+
+    def __init__(self, profile: Profile, workload: Workload, replicas: dict[str, int],
+                 settings: dict[str, PoolSettings], *, host_cores: float | None = None, seed: int = 0):
+        self.profile, self.workload, self.host_cores = profile, workload, host_cores
+        self.rng = random.Random(seed)
+        self.env = simpy.Environment()
+        self.computing = 0
+        n_routers = replicas.get("Router", 1)
+        self.pools = {}
+        for name in POOLS:
+            s = settings[name]
+            callers = 1 if name == "Router" else n_routers  # Serve bounds the queue per calling handle
+            limit = -1 if s.max_queued < 0 else s.max_queued * callers
+            self.pools[name] = _Pool(self, name, max(1, replicas.get(name, 1)), s, limit)
+        for pool in self.pools.values():
+            if pool.name == "Router":
+                continue
+            loop = self._vision_loop if pool.name == "VisionEncoder" else self._decode_loop
+            for rep in pool.replicas:
+                self.env.process(loop(rep))
+        self.latencies: list[tuple[float, float, str]] = []  # (arrival, latency s, path)
+        self.rejected: list[float] = []
+        self.done_times: list[float] = []
+        self._choices = [(name, share, phases) for name, share, phases in workload.paths if share > 0]
+        self._cum = []
+        total = 0.0
+        for _, share, _ in self._choices:
+            total += share
+            self._cum.append(total)
+        self.on_done = None  # closed loop: called with each finished or rejected request
+
+    # -- requests --------------------------------------------------------------------------------
+    def arrive(self) -> None:
+        u = self.rng.random() * self._cum[-1]
+        name, _, phases = self._choices[min(bisect.bisect_right(self._cum, u), len(self._choices) - 1)]
+        req = _Request(self.env.now, name, phases)
+        if not self.pools["Router"].submit(req):
+            self._finish(req, rejected=True)
+
+    def on_assigned(self, pool: _Pool, job, replica: _Replica) -> None:
+        now = self.env.now
+        if pool.name == "Router":  # job is the request itself: the Router's CPU, one request at a time
+            start = max(now, replica.busy_until)
+            replica.busy_until = start + self.profile.router_ms / 1000
+            replica.compute_s += self.profile.router_ms / 1000
+            pool.queue_s.append(start - job.arrived)
+            self.env.timeout(replica.busy_until - now).callbacks.append(lambda _e, r=job: self._next_phase(r))
+            return
+        replica.queue.append(job)
+        if replica.wake is not None and not replica.wake.triggered:
+            replica.wake.succeed()
+        if replica.full is not None and not replica.full.triggered and len(replica.queue) >= pool.settings.max_batch_size:
+            replica.full.succeed()
+
+    def _next_phase(self, req: _Request) -> None:
+        if req.failed:
+            return
+        if req.phase == len(req.phases):
+            self._finish(req)
+            return
+        calls = req.phases[req.phase]
+        req.phase += 1
+        req.pending = 0
+        for call in calls:
+            for _ in range(self.workload.images if call.kind == "vision" else 1):
+                pool = self.pools["VisionEncoder" if call.kind == "vision" else GENERATORS[call.role]]
+                req.pending += 1
+                if not pool.submit(_Job(req, call, self.env.now)):
+                    self._finish(req, rejected=True)
+                    return
+
+    def _job_done(self, job: _Job) -> None:
+        job.replica.pool.release(job.replica)
+        req = job.request
+        if req.failed:
+            return
+        req.pending -= 1
+        if req.pending == 0:
+            self._next_phase(req)
+
+    def _finish(self, req: _Request, rejected: bool = False) -> None:
+        if req.failed:
+            return
+        req.failed = True  # no more phases either way
+        now = self.env.now
+        if rejected:
+            self.rejected.append(req.arrived)
+        else:
+            self.latencies.append((req.arrived, now - req.arrived, req.path))
+            self.done_times.append(now)
+        if req.replica is not None:
+            self.pools["Router"].release(req.replica)
+        if self.on_done:
+            self.on_done()
+
+    # -- compute ---------------------------------------------------------------------------------
+    def _compute(self, replica: _Replica, ms: float):
+        """A timeout for `ms` of work, slowed while more replicas compute than the host has cores."""
+        self.computing += 1
+        slow = max(1.0, self.computing / self.host_cores) if self.host_cores else 1.0
+        seconds = ms / 1000 * slow
+        replica.compute_s += seconds
+        return seconds
+
+    def _idle(self, replica: _Replica):
+        replica.wake = self.env.event()
+        return replica.wake
+
+    def _fill(self, replica: _Replica, wait_s: float, target: int):
+        """Wait until the replica's queue holds `target` jobs or its oldest has waited `wait_s`."""
+        deadline = replica.queue[0].submitted + wait_s
+        if len(replica.queue) >= target or deadline <= self.env.now:
+            return None
+        replica.full = self.env.event()
+        return self.env.any_of([replica.full, self.env.timeout(deadline - self.env.now)])
+
+    def _vision_loop(self, rep: _Replica):
+        s = rep.pool.settings
+        vision = self.profile.vision
+        while True:
+            while not rep.queue:
+                yield self._idle(rep)
+            waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size)
+            if waiting is not None:
+                yield waiting
+                rep.full = None
+            batch = [rep.queue.popleft() for _ in range(min(s.max_batch_size, len(rep.queue)))]
+            now = self.env.now
+            counts = {}
+            for job in batch:
+                rep.pool.queue_s.append(now - job.submitted)
+                counts[job.call.role] = counts.get(job.call.role, 0) + 1
+            rep.pool.batches += 1
+            rep.pool.batched += len(batch)
+            seconds = self._compute(rep, sum(vision[role](n) for role, n in counts.items()))
+            yield self.env.timeout(seconds)
+            self.computing -= 1
+            for job in batch:
+                self._job_done(job)
+
+    def _decode_loop(self, rep: _Replica):
+        s = rep.pool.settings
+        role = "small" if rep.pool.name == "SmallReasoner" else "large"
+        prefill, step = self.profile.prefill[role], self.profile.step[role]
+        rows: list[_Job] = []
+        while True:
+            while not rows and not rep.queue:
+                yield self._idle(rep)
+            if not rows and s.batch_wait_s:
+                waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size)
+                if waiting is not None:
+                    yield waiting
+                    rep.full = None
+            ms = 0.0
+            if rep.queue and len(rows) < s.max_batch_size:
+                now = self.env.now
+                new = [rep.queue.popleft() for _ in range(min(s.max_batch_size - len(rows), len(rep.queue)))]
+                for job in new:
+                    rep.pool.queue_s.append(now - job.submitted)
+                ms += prefill(sum(j.call.prompt_tokens for j in new))
+                rows.extend(new)
+            ms += step(len(rows))
+            rep.pool.batches += 1
+            rep.pool.batched += len(rows)
+            yield self.env.timeout(self._compute(rep, ms))
+            self.computing -= 1
+            kept = []
+            for job in rows:
+                job.left -= 1
+                if job.left <= 0:
+                    self._job_done(job)
+                else:
+                    kept.append(job)
+            rows = kept
+
+    # -- running -----------------------------------------------------------------------------------
+    def _open_loop(self, rate: float, until: float):
+        exp = self.rng.expovariate
+        while True:
+            yield self.env.timeout(exp(rate))
+            if self.env.now >= until:
+                return
+            self.arrive()
+
+    def run(self, *, rate: float | None = None, concurrency: int | None = None, duration_s: float = 60.0,
+            warmup_s: float | None = None, drain_s: float = 30.0) -> dict:
+        """Open loop at `rate` req/s or a closed loop of `concurrency` clients, for `duration_s`
+        simulated seconds; requests arriving in the first `warmup_s` are not counted."""
+        if (rate is None) == (concurrency is None):
+            raise ValueError("give either rate or concurrency")
+        warmup = duration_s * 0.1 if warmup_s is None else warmup_s
+        started = time.perf_counter()
+        if rate is not None:
+            self.env.process(self._open_loop(rate, duration_s))
+        else:
+            def again():
+                if self.env.now < duration_s:
+                    self.arrive()
+            self.on_done = again
+            for _ in range(concurrency):
+                self.arrive()
+        self.env.run(until=duration_s + (drain_s if rate is not None else 0.0))
+        return self.summary(rate, concurrency, duration_s, warmup, time.perf_counter() - started)
+
+    def summary(self, rate, concurrency, duration_s: float, warmup: float, wall_s: float) -> dict:
+        window = duration_s - warmup
+        lat = [l * 1000 for a, l, _ in self.latencies if warmup <= a < duration_s]
+        done = sum(1 for t in self.done_times if warmup <= t < duration_s)
+        rejected = sum(1 for a in self.rejected if warmup <= a < duration_s)
+        arrived = len(lat) + rejected
+        paths: dict[str, int] = {}
+        for a, _, p in self.latencies:
+            if warmup <= a < duration_s:
+                paths[p] = paths.get(p, 0) + 1
+        pools = {}
+        for name, pool in self.pools.items():
+            busy = sum(r.compute_s for r in pool.replicas)
+            q = [x * 1000 for x in pool.queue_s]
+            pools[name] = {"replicas": len(pool.replicas),
+                           "utilisation": round(busy / (len(pool.replicas) * self.env.now), 3) if self.env.now else 0,
+                           "queue_ms_mean": round(sum(q) / len(q), 2) if q else 0.0,
+                           "queue_ms_p95": round(percentile(q, 95), 2) if q else 0.0, "rejected": pool.rejected,
+                           "mean_batch": round(pool.batched / pool.batches, 2) if pool.batches else None}
+        gpus = sum(len(p.replicas) * p.settings.gpus_per_replica for p in self.pools.values())
+        return {"benchmark": "simulate", "rate_rps": rate, "concurrency": concurrency, "duration_s": duration_s,
+                "replicas": {n: len(p.replicas) for n, p in self.pools.items()}, "gpus": gpus,
+                "throughput_rps": round(done / window, 2) if window > 0 else math.nan,
+                "p50_ms": round(percentile(lat, 50), 2), "p95_ms": round(percentile(lat, 95), 2),
+                "p99_ms": round(percentile(lat, 99), 2), "completed": len(lat), "rejected": rejected,
+                "rejection_rate": round(rejected / arrived, 4) if arrived else 0.0,
+                "paths": paths, "pools": pools, "wall_s": round(wall_s, 2)}
+
+
+def simulate(profile: Profile, workload: Workload, replicas: dict[str, int], settings: dict[str, PoolSettings],
+             *, rate: float | None = None, concurrency: int | None = None, duration_s: float = 60.0,
+             host_cores: float | None = None, seed: int = 0, warmup_s: float | None = None) -> dict:
+    sim = Simulation(profile, workload, replicas, settings, host_cores=host_cores, seed=seed)
+    return sim.run(rate=rate, concurrency=concurrency, duration_s=duration_s, warmup_s=warmup_s)
+
+
+def parse_replicas(text: str) -> dict[str, int]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, n = part.partition("=")
+        if name not in POOLS or not n.isdigit() or int(n) < 1:
+            raise argparse.ArgumentTypeError(f"bad replica count {part!r}: expected <{'|'.join(POOLS)}>=<n >= 1>")
+        out[name] = int(n)
+    return out
+
+
+def print_result(r: dict) -> None:
+    load = f"{r['rate_rps']} req/s open loop" if r["rate_rps"] is not None else f"concurrency {r['concurrency']}"
+    print(f"{load}, {r['duration_s']:.0f} simulated s ({r['wall_s']} s wall): throughput {r['throughput_rps']} req/s, "
+          f"p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, p99 {r['p99_ms']} ms, rejected {r['rejection_rate']:.2%}")
+    print(f"{'pool':<14} {'replicas':>8} {'util':>6} {'queue_mean_ms':>14} {'queue_p95_ms':>13} {'mean_batch':>11}")
+    for name, p in r["pools"].items():
+        print(f"{name:<14} {p['replicas']:>8} {p['utilisation']:>6.2f} {p['queue_ms_mean']:>14.1f} "
+              f"{p['queue_ms_p95']:>13.1f} {p['mean_batch'] if p['mean_batch'] is not None else '-':>11}")
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", required=True, help="a stage profile JSON (benchmarks.stage_profile)")
+    p.add_argument("--config", default=str(ROOT / "serve_config.gpu.yaml"),
+                   help="serve config whose limits and batching the pools take (default: the GPU config)")
+    p.add_argument("--transfer-rate", type=float, default=None,
+                   help="share of requests that transfer (default: the profile's measured share)")
+    p.add_argument("--host-cores", type=float, default=None, help="replicas share this many CPU cores (local app)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def workload_for(args, profile: Profile) -> Workload:
+    return Workload.from_measured(profile.workload, args.transfer_rate)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_args(p)
+    p.add_argument("--rate", type=float, help="open-loop arrivals per second (Poisson)")
+    p.add_argument("--concurrency", type=int, help="closed loop: this many clients")
+    p.add_argument("--replicas", type=parse_replicas, default={}, help="e.g. VisionEncoder=1,SmallReasoner=2")
+    p.add_argument("--duration-s", type=float, default=60.0)
+    args = p.parse_args(argv)
+    if (args.rate is None) == (args.concurrency is None):
+        p.error("give --rate or --concurrency")
+    profile = Profile.load(args.profile)
+    workload = workload_for(args, profile)
+    print(f"profile {args.profile} ({profile.source.get('device', '?')}); workload: {workload.describe()}")
+    r = simulate(profile, workload, args.replicas, settings_from_config(args.config), rate=args.rate,
+                 concurrency=args.concurrency, duration_s=args.duration_s, host_cores=args.host_cores,
+                 seed=args.seed)
+    print_result(r)
+    print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
