@@ -165,7 +165,7 @@ class _Run:
         self.latency_ms[stage] = (self.p.clock() - start) * 1000
         self.tokens[stage] = out.completion_tokens
         self.prompt_tokens += out.prompt_tokens
-        self.stages[stage] = {"decode_steps": out.decode_steps, "decode_ms": round(out.decode_ms, 3),
+        self.stages[stage] = {"prompt_tokens": out.prompt_tokens, "decode_steps": out.decode_steps, "decode_ms": round(out.decode_ms, 3),
                               "ttft_ms": round(out.ttft_ms, 3), "queue_ms": round(out.queue_ms, 3),
                               "batch_size": out.batch_size}
         return out

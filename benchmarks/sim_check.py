@@ -1,0 +1,189 @@
+"""The simulator checked against the real app: one run on this machine measures a CPU stage profile,
+loads the local app, simulates the same loads from the profile, and compares.
+
+    python -m benchmarks.sim_check [--quick]
+
+Starts serve_config.yaml's app (the trained pair, one replica per pool, all on this machine's cores),
+then:
+1. the stage profile (`benchmarks.stage_profile`, in this process, threads as a replica has them),
+   with the Router's per-request cost and the `mutual` workload measured on the app;
+2. `tandem:mutual` on held-out grid items (distinct images: the feature cache, which the simulator
+   does not model, stays cold): closed loops at concurrency 1, 4 and 16, then an open loop at
+   `--open-fraction` of the throughput measured at 16 (near saturation);
+3. the simulator on the same loads, fed by that profile and the same config, with the replicas
+   sharing the machine's cores (`--host-cores`, default: all of them);
+4. a table: measured vs simulated throughput and p50, and whether each is within `--tolerance`.
+Writes results/sim-check-*/{sim_check.json,profile.json} and ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import random
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.client import ROOT, LocalApps
+from benchmarks.grid import grid_items
+from benchmarks.metrics import percentile
+from benchmarks.simulate import Profile, Workload, settings_from_config, simulate
+
+
+def bodies(n: int, seed: int) -> list[dict]:
+    out = []
+    for item in grid_items(n, seed=seed):
+        url = "data:image/png;base64," + base64.b64encode(item.image).decode()
+        out.append({"model": "tandem:mutual", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": item.prompt()}]}]})
+    return out
+
+
+async def _post(http: httpx.AsyncClient, url: str, body: dict) -> tuple[int | str, float, float]:
+    start = time.monotonic()
+    try:
+        r = await http.post(f"{url}/v1/chat/completions", json=body)
+        status: int | str = r.status_code
+    except httpx.HTTPError as err:
+        status = type(err).__name__
+    end = time.monotonic()
+    return status, (end - start) * 1000, end
+
+
+async def closed_loop(url: str, items: list[dict], concurrency: int, duration_s: float) -> dict:
+    """`concurrency` clients for `duration_s`; the first 10 % of the time is warm-up, not counted."""
+    records, start, counter = [], time.monotonic(), iter(range(10**9))
+
+    async def client(http):
+        while time.monotonic() - start < duration_s:
+            records.append(await _post(http, url, items[next(counter) % len(items)]))
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as http:
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+    return _summary(records, start + 0.1 * duration_s, start + duration_s)
+
+
+async def open_loop(url: str, items: list[dict], rate: float, duration_s: float, seed: int) -> dict:
+    rng, tasks, start = random.Random(seed), [], time.monotonic()
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as http:
+        i = 0
+        while time.monotonic() - start < duration_s:
+            sent = time.monotonic()
+            tasks.append(asyncio.ensure_future(_timed(_post(http, url, items[i % len(items)]), sent)))
+            i += 1
+            await asyncio.sleep(rng.expovariate(rate))
+        records = await asyncio.gather(*tasks)
+    # Counted: requests sent after the warm-up; throughput from completions inside the window.
+    warm = start + 0.1 * duration_s
+    kept = [r for sent, r in records if sent >= warm]
+    done = sum(1 for _, (s, _, end) in records if s == 200 and warm <= end < start + duration_s)
+    out = _summary(kept, warm, start + duration_s)
+    out["throughput_rps"] = round(done / (0.9 * duration_s), 3)
+    return out
+
+
+async def _timed(coro, sent: float):
+    return sent, await coro
+
+
+def _summary(records, window_start: float, window_end: float) -> dict:
+    ok = [(lat, end) for status, lat, end in records if status == 200]
+    counted = [lat for lat, end in ok if window_start <= end < window_end]
+    statuses: dict[str, int] = {}
+    for status, _, _ in records:
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+    return {"throughput_rps": round(len(counted) / (window_end - window_start), 3),
+            "p50_ms": round(percentile(counted, 50), 1), "p95_ms": round(percentile(counted, 95), 1),
+            "requests": len(records), "statuses": statuses}
+
+
+def within(measured: float, simulated: float, tolerance: float) -> tuple[float, bool]:
+    err = simulated / measured - 1 if measured else float("nan")
+    return round(err, 3), abs(err) <= tolerance
+
+
+def main(argv=None) -> int:
+    from benchmarks.stage_profile import FULL, QUICK, build_profile, print_profile
+    from tandem.cli import read_tandem_args
+    from tandem.config import load_tandem_config
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="shorter loads and the quick profile grid")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--duration-s", type=float, default=60.0, help="per load point")
+    p.add_argument("--open-fraction", type=float, default=0.9,
+                   help="open-loop rate as a share of the throughput measured at the highest concurrency")
+    p.add_argument("--host-cores", type=float, default=os.cpu_count())
+    p.add_argument("--tolerance", type=float, default=0.25)
+    p.add_argument("--out", default=str(ROOT / "results"))
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    torch.set_num_threads(1)  # as a replica has it (Ray: one thread for a num_cpus <= 1 actor)
+    config_path = ROOT / "serve_config.yaml"
+    config = load_tandem_config(read_tandem_args(str(config_path)))
+    settings = settings_from_config(config_path)
+    duration = 20.0 if args.quick else args.duration_s
+    items = bodies(400, seed=11)
+    points = []
+    with LocalApps() as app:
+        print(f"sim_check: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; app {app.url}")
+        profile_dict = build_profile(config, QUICK if args.quick else FULL, url=app.url,
+                                     app_requests=20 if args.quick else 60)
+        print_profile(profile_dict)
+        loads = [("closed", int(c)) for c in args.concurrency.split(",")]
+        for kind, load in loads:
+            m = asyncio.run(closed_loop(app.url, items, load, duration))
+            points.append({"kind": kind, "load": load, "measured": m})
+            print(f"measured closed c={load}: {m}", flush=True)
+        rate = round(args.open_fraction * points[-1]["measured"]["throughput_rps"], 2)
+        m = asyncio.run(open_loop(app.url, items, rate, duration, seed=3))
+        points.append({"kind": "open", "load": rate, "measured": m})
+        print(f"measured open {rate} req/s: {m}", flush=True)
+
+    profile = Profile.from_dict(profile_dict)
+    workload = Workload.from_measured(profile.workload)
+    print(f"workload: {workload.describe()}")
+    replicas = {"Router": 1, "VisionEncoder": 1, "SmallReasoner": 1, "LargeAnswerer": 1}
+    rows, ok = [], True
+    for pt in points:
+        kw = {"concurrency": pt["load"]} if pt["kind"] == "closed" else {"rate": pt["load"]}
+        s = simulate(profile, workload, replicas, settings, duration_s=max(120.0, duration), host_cores=args.host_cores,
+                     **kw)
+        pt["simulated"] = {k: s[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "rejection_rate", "pools")}
+        m = pt["measured"]
+        pt["throughput_error"], t_ok = within(m["throughput_rps"], s["throughput_rps"], args.tolerance)
+        pt["p50_error"], p_ok = within(m["p50_ms"], s["p50_ms"], args.tolerance)
+        pt["within"] = t_ok and p_ok
+        ok &= pt["within"]
+        rows.append(pt)
+
+    print(f"\n{'load':<16} {'meas rps':>9} {'sim rps':>8} {'err':>7} {'meas p50':>9} {'sim p50':>8} {'err':>7}  ok")
+    for pt in rows:
+        m, s = pt["measured"], pt["simulated"]
+        label = f"closed c={pt['load']}" if pt["kind"] == "closed" else f"open {pt['load']}/s"
+        print(f"{label:<16} {m['throughput_rps']:>9.2f} {s['throughput_rps']:>8.2f} {pt['throughput_error']:>+7.1%} "
+              f"{m['p50_ms']:>9.1f} {s['p50_ms']:>8.1f} {pt['p50_error']:>+7.1%}  {'yes' if pt['within'] else 'NO'}")
+    out = Path(args.out) / f"sim-check-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(profile_dict, indent=1))
+    (out / "sim_check.json").write_text(json.dumps({"points": rows, "host_cores": args.host_cores}, indent=1))
+    print(f"results: {out}")
+    print(json.dumps({"benchmark": "sim_check", "tolerance": args.tolerance, "all_within": ok,
+                      "points": [{"kind": r["kind"], "load": r["load"],
+                                  "measured_rps": r["measured"]["throughput_rps"],
+                                  "simulated_rps": r["simulated"]["throughput_rps"],
+                                  "measured_p50_ms": r["measured"]["p50_ms"], "simulated_p50_ms": r["simulated"]["p50_ms"],
+                                  "within": r["within"]} for r in rows]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

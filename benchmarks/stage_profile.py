@@ -1,0 +1,207 @@
+"""Stage profiles: each deployment's service time by batch size, the input of the cluster simulator.
+
+    python -m benchmarks.stage_profile --quick --out results/profile-cpu.json   # serve_config.yaml's pair, CPU
+    python -m benchmarks.stage_profile --config P.yaml --device cuda --out profile-gpu.json  # e.g. real sizes
+
+Times the engines the deployments run (`make_engine`: the VisionEncoder's towers, the model servers'
+decoders driven by their `DecodeLoop`), on a grid-task image and the pipeline's own prompts:
+- `vision.<role>`: one encode call of n images (a VisionEncoder batch), ms by n;
+- `generators.<role>.step`: one decode step with n rows running, ms — from n rows decoding 1 and
+  1 + S tokens, (t(1+S) - t(1)) / S;
+- `generators.<role>.prefill`: n rows joining at once (their prompts prefilled, merged, first token),
+  ms by n, with the prompt length — t(1) less one step.
+Rows run to their token limit (stop tokens are switched off while measuring, as latency_profile forces
+lengths), so the counts are exact. Each point is the median of `repeats` runs after a warm-up.
+
+With `--url` (a running Tandem, e.g. the local app) it also measures what only the served app shows:
+`router.ms`, the cost a request pays outside the pipeline's stages (proxy, parsing, response: client
+latency minus the trace's total, median at concurrency 1), and `workload`: `tandem:mutual` on held-out
+grid items — the transfer share and each stage's prompt tokens and decode steps, as the trace reports
+them. Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
+
+The same JSON comes from a GPU (`--device cuda` with a config naming real-size models, e.g.
+`random:qwen3-vl-8b`), so a GPU run gives a GPU profile. Ends with one JSON line (a summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = dict(vision=[1, 2, 4, 8], batches=[1, 2, 4, 8], steps=16, repeats=5)
+FULL = dict(vision=[1, 2, 4, 8, 16], batches=[1, 2, 4, 8, 16], steps=32, repeats=7)
+
+
+def median_ms(fn, repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return statistics.median(times)
+
+
+def _sync(device: str):
+    import torch
+
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -> dict:
+    """Vision and generator curves for both roles of `config`, measured in this process."""
+    from tandem import prompts
+    from tandem.engines import ROLES, make_engine
+    from tandem.schemas import GenerationRequest, SamplingParams
+
+    out: dict = {"vision": {}, "generators": {}}
+    for role in ROLES:
+        device = config.model(role).device
+        sync = _sync(device)
+        tower = make_engine(config, role, language=False)
+        feats = tower.encode_images([image])
+        points = []
+        for n in grid["vision"]:
+            points.append({"images": n, "ms": round(median_ms(lambda: (tower.encode_images([image] * n), sync()),
+                                                              grid["repeats"]), 3)})
+            bar and bar.update()
+        out["vision"][role] = points
+        del tower
+
+        engine = make_engine(config, role, vision=False)
+        engine.stop_token_ids = set()  # every row decodes to its limit: exact step counts
+        prompt = prompts.direct_prompt(question, 1, config.model(role).reasoning_format)
+        prefill, step = [], []
+        for b in grid["batches"]:
+            engine.loop.configure(max_batch_size=b, batch_wait_s=1.0)  # the b rows join in one prefill
+
+            def run(tokens: int):
+                req = GenerationRequest(prompt, feats, SamplingParams(max_tokens=tokens))
+                outs = engine.loop.generate([req] * b)
+                sync()
+                return outs
+
+            prompt_tokens = run(1)[0].prompt_tokens
+            t1 = median_ms(lambda: run(1), grid["repeats"])
+            t_long = median_ms(lambda: run(1 + grid["steps"]), grid["repeats"])
+            per_step = max(0.0, (t_long - t1) / grid["steps"])
+            step.append({"batch": b, "ms": round(per_step, 3)})
+            prefill.append({"batch": b, "prompt_tokens": prompt_tokens, "ms": round(max(0.0, t1 - per_step), 3)})
+            bar and bar.update()
+        out["generators"][role] = {"prefill": prefill, "step": step}
+        del engine
+    return out
+
+
+def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict]:
+    """(router ms, workload) from `tandem:mutual` on n held-out grid items, one at a time."""
+    import base64
+
+    import httpx
+
+    from benchmarks.grid import grid_items
+
+    overhead, paths, stages = [], [], {}
+    with httpx.Client(timeout=120) as http:
+        for item in grid_items(n, seed=seed + 7):
+            body = {"model": "tandem:mutual", "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(item.image).decode()}},
+                {"type": "text", "text": item.prompt()}]}]}
+            start = time.perf_counter()
+            r = http.post(f"{url}/v1/chat/completions", json=body)
+            client_ms = (time.perf_counter() - start) * 1000
+            r.raise_for_status()
+            trace = r.json()["tandem"]
+            overhead.append(client_ms - trace["latency_ms"]["total"])
+            paths.append(trace["path"])
+            for name, s in trace.get("stages", {}).items():
+                stages.setdefault(name, []).append((s["prompt_tokens"], s["decode_steps"]))
+    workload = {"policy": "mutual", "requests": n, "images": 1,
+                "transfer_rate": round(paths.count("transfer") / n, 4),
+                "stages": {name: {"prompt_tokens": round(statistics.mean(p for p, _ in v), 1),
+                                  "decode_steps": round(statistics.mean(s for _, s in v), 2), "n": len(v)}
+                           for name, v in sorted(stages.items())}}
+    return round(statistics.median(overhead), 3), workload
+
+
+def build_profile(config, grid: dict, *, url: str | None = None, router_ms: float = 1.0, app_requests: int = 40,
+                  bar=None) -> dict:
+    from benchmarks.grid import grid_items
+    from benchmarks.simulate import PROFILE_KIND
+
+    item = grid_items(1, seed=0)[0]
+    started = time.time()
+    measured = profile_engines(config, grid, item.image, item.prompt(), bar)
+    workload = {}
+    if url:
+        router_ms, workload = measure_app(url, app_requests)
+    import torch
+    source = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.processor() or platform.machine(),
+              "cores": os.cpu_count(), "device": config.large.device, "dtype": config.large.dtype,
+              "torch_threads": torch.get_num_threads(),
+              "models": {"small": config.small.model, "large": config.large.model},
+              "grid": grid, "app": url, "wall_s": round(time.time() - started, 1)}
+    return {"kind": PROFILE_KIND, "version": 1, "source": source, "router": {"ms": router_ms},
+            **measured, **({"workload": workload} if workload else {})}
+
+
+def print_profile(p: dict) -> None:
+    print(f"router: {p['router']['ms']:.2f} ms per request")
+    for role, pts in p["vision"].items():
+        print(f"vision {role:<5}: " + "  ".join(f"{q['images']}img={q['ms']:.1f}ms" for q in pts))
+    for role, g in p["generators"].items():
+        print(f"prefill {role:<5}: " + "  ".join(f"b{q['batch']}x{q['prompt_tokens']}tok={q['ms']:.1f}ms"
+                                                for q in g["prefill"]))
+        print(f"step {role:<5}   : " + "  ".join(f"b{q['batch']}={q['ms']:.2f}ms" for q in g["step"]))
+    if p.get("workload"):
+        w = p["workload"]
+        print(f"workload: mutual, transfer {w['transfer_rate']:.1%} of {w['requests']}; " + "; ".join(
+            f"{k} {v['prompt_tokens']:.0f} prompt tok, {v['decode_steps']:.1f} steps" for k, v in w["stages"].items()))
+
+
+def main(argv=None) -> int:
+    from tandem.cli import read_tandem_args
+    from tandem.config import load_tandem_config
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "serve_config.yaml"), help="serve config or Tandem args (the models)")
+    p.add_argument("--device", help="override both models' device (cuda, cpu)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about a minute on CPU)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads, as a replica gets them (Ray gives a num_cpus <= 1 actor one); 0: torch's default")
+    p.add_argument("--url", help="a running Tandem: also measure router.ms and the mutual workload")
+    p.add_argument("--router-ms", type=float, default=1.0, help="router.ms when no --url is given")
+    p.add_argument("--out", required=True, help="where the profile JSON goes")
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from tqdm import tqdm
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = read_tandem_args(args.config)
+    if args.device:
+        for role in ("small", "large"):
+            data.setdefault(role, {})["device"] = args.device
+    config = load_tandem_config(data)
+    grid = QUICK if args.quick else FULL
+    with tqdm(total=2 * (len(grid["vision"]) + len(grid["batches"])), desc="stage profile") as bar:
+        profile = build_profile(config, grid, url=args.url, router_ms=args.router_ms, bar=bar)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(profile, indent=1))
+    print_profile(profile)
+    print(f"profile: {args.out}")
+    print(json.dumps({"benchmark": "stage_profile", "out": args.out, "router_ms": profile["router"]["ms"],
+                      "models": profile["source"]["models"], "device": profile["source"]["device"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
