@@ -28,8 +28,8 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.simulate import (GENERATORS, POOLS, ROOT, PoolSettings, Profile, Workload, add_workload_args,
-                                 settings_from_config, simulate, workload_for)
+from benchmarks.simulate import (GENERATORS, POOLS, PoolSettings, Profile, Workload, add_workload_args, settings_for,
+                                 simulate, workload_for)
 
 
 def lower_bound(profile: Profile, workload: Workload, settings: dict[str, PoolSettings], rate: float) -> dict[str, int]:
@@ -63,11 +63,15 @@ class Planner:
         self.p95_ms, self.max_rejection = p95_ms, max_rejection
         self.duration_s, self.seed, self.host_cores, self.verbose = duration_s, seed, host_cores, verbose
         self.simulations = 0
+        self._seen: dict = {}  # (replicas, rate) -> result: the trim step revisits plans
 
     def evaluate(self, replicas: dict[str, int], rate: float) -> dict:
+        key = (tuple(sorted(replicas.items())), rate)
+        if key in self._seen:
+            return self._seen[key]
         self.simulations += 1
-        r = simulate(self.profile, self.workload, replicas, self.settings, rate=rate, duration_s=self.duration_s,
-                     seed=self.seed, host_cores=self.host_cores)
+        r = self._seen[key] = simulate(self.profile, self.workload, replicas, self.settings, rate=rate,
+                                       duration_s=self.duration_s, seed=self.seed, host_cores=self.host_cores)
         if self.verbose:
             print(f"  {self._label(replicas)}: p95 {r['p95_ms']:.0f} ms, rejected {r['rejection_rate']:.2%}, "
                   f"{r['throughput_rps']} req/s -> {'meets' if self.meets(r) else 'misses'}", flush=True)
@@ -95,9 +99,7 @@ class Planner:
     def plan(self, rate: float, max_iterations: int = 60) -> tuple[dict[str, int], dict]:
         replicas = lower_bound(self.profile, self.workload, self.settings, rate)
         # Little's law: the Routers hold every request for its whole latency, at least an unloaded one.
-        alone = simulate(self.profile, self.workload, {}, self.settings, concurrency=1, duration_s=5, seed=self.seed,
-                         host_cores=self.host_cores)
-        slots = rate * alone["p50_ms"] / 1000 / self.settings["Router"].max_ongoing
+        slots = rate * self.workload.unloaded_s(self.profile, mean=True) / self.settings["Router"].max_ongoing
         replicas["Router"] = max(replicas["Router"], math.ceil(slots))
         if self.verbose:
             print(f"rate {rate} req/s: lower bound {self._label(replicas)}")
@@ -150,17 +152,19 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, required=True, help="target arrivals per second (open loop)")
     p.add_argument("--p95-ms", type=float, required=True, help="the p95 latency SLO")
     p.add_argument("--max-rejection", type=float, default=0.001, help="largest share of 503s allowed")
-    p.add_argument("--duration-s", type=float, default=30.0, help="simulated seconds per candidate")
+    p.add_argument("--duration-s", type=float, default=None,
+                   help="simulated seconds per candidate (default: 30, or 12 slowest-path latencies if longer)")
     p.add_argument("--out", help="write the plan as a serve-config overlay (YAML)")
     p.add_argument("--base", help="with --out: merge into this serve config instead (a whole config)")
     p.add_argument("--sanity", action="store_true", help="also: one GPU fewer in the busiest pool; twice the rate")
     args = p.parse_args(argv)
     profile = Profile.load(args.profile)
     workload = workload_for(args, profile)
-    settings = settings_from_config(args.config)
+    settings = settings_for(args)
+    duration = args.duration_s or max(30.0, 12 * workload.unloaded_s(profile))
     print(f"profile {args.profile} ({profile.source.get('device', '?')}); workload: {workload.describe()}")
     planner = Planner(profile, workload, settings, p95_ms=args.p95_ms, max_rejection=args.max_rejection,
-                      duration_s=args.duration_s, seed=args.seed, host_cores=args.host_cores)
+                      duration_s=duration, seed=args.seed, host_cores=args.host_cores)
     replicas, result = planner.plan(args.rate)
     summary = {"benchmark": "plan", "rate_rps": args.rate, "p95_slo_ms": args.p95_ms,
                "transfer_rate": round(sum(s for n, s, _ in workload.paths if n == "transfer"), 4),

@@ -167,6 +167,19 @@ class Workload:
         rate = measured.get("transfer_rate", 0.5) if transfer_rate is None else transfer_rate
         return cls.mutual(rate, measured.get("stages"), images=measured.get("images", 1))
 
+    def unloaded_s(self, profile: Profile, mean: bool = False) -> float:
+        """The slowest path's latency with nothing else running (no batch waits): how deep the
+        pipeline is; `mean`: the paths' latencies weighted by their shares instead."""
+        def call_ms(c: Call) -> float:
+            if c.kind == "vision":
+                return profile.vision[c.role](self.images)
+            return profile.prefill[c.role](c.prompt_tokens) + c.steps * profile.step[c.role](1)
+        paths = [(share, profile.router_ms + sum(max(call_ms(c) for c in phase) for phase in phases))
+                 for _, share, phases in self.paths if share > 0]
+        if mean:
+            return sum(share * ms for share, ms in paths) / sum(share for share, _ in paths) / 1000
+        return max(ms for _, ms in paths) / 1000
+
     def describe(self) -> str:
         return "; ".join(f"{name} {share:.0%}: " + " -> ".join(
             "+".join(f"{c.role[0]}{'V' if c.kind == 'vision' else f'{c.steps}s'}" for c in ph) for ph in phases)
@@ -237,14 +250,16 @@ class _Pool:
         self.batches = self.batched = 0  # batches run and jobs in them (decoders: steps and rows)
 
     def pick(self) -> _Replica | None:
-        """Serve's power of two choices among replicas with room; None when all are full."""
-        free = [r for r in self.replicas if r.ongoing < self.settings.max_ongoing]
-        if not free:
-            return None
-        if len(free) <= 2:
-            return min(free, key=lambda r: r.ongoing)
-        a, b = self.sim.rng.sample(free, 2)
-        return a if a.ongoing <= b.ongoing else b
+        """Serve's power of two choices: the less loaded of two random replicas, if either has room;
+        else any replica with room (the least loaded); None when all are full."""
+        limit, reps = self.settings.max_ongoing, self.replicas
+        if len(reps) > 2:
+            a, b = self.sim.rng.sample(reps, 2)
+            best = a if a.ongoing <= b.ongoing else b
+            if best.ongoing < limit:
+                return best
+        free = [r for r in reps if r.ongoing < limit]
+        return min(free, key=lambda r: r.ongoing) if free else None
 
     def submit(self, job) -> bool:
         replica = self.pick()
@@ -414,36 +429,34 @@ class Simulation:
         s = rep.pool.settings
         role = "small" if rep.pool.name == "SmallReasoner" else "large"
         prefill, step = self.profile.prefill[role], self.profile.step[role]
-        rows: list[_Job] = []
+        rows: dict[int, list[_Job]] = {}  # the step at which they finish -> rows
+        running, steps = 0, 0
         while True:
-            while not rows and not rep.queue:
+            while not running and not rep.queue:
                 yield self._idle(rep)
-            if not rows and s.batch_wait_s:
+            if not running and s.batch_wait_s:
                 waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size)
                 if waiting is not None:
                     yield waiting
                     rep.full = None
             ms = 0.0
-            if rep.queue and len(rows) < s.max_batch_size:
+            if rep.queue and running < s.max_batch_size:
                 now = self.env.now
-                new = [rep.queue.popleft() for _ in range(min(s.max_batch_size - len(rows), len(rep.queue)))]
+                new = [rep.queue.popleft() for _ in range(min(s.max_batch_size - running, len(rep.queue)))]
                 for job in new:
                     rep.pool.queue_s.append(now - job.submitted)
+                    rows.setdefault(steps + max(1, job.left), []).append(job)
                 ms += prefill(sum(j.call.prompt_tokens for j in new))
-                rows.extend(new)
-            ms += step(len(rows))
+                running += len(new)
+            ms += step(running)
             rep.pool.batches += 1
-            rep.pool.batched += len(rows)
+            rep.pool.batched += running
             yield self.env.timeout(self._compute(rep, ms))
             self.computing -= 1
-            kept = []
-            for job in rows:
-                job.left -= 1
-                if job.left <= 0:
-                    self._job_done(job)
-                else:
-                    kept.append(job)
-            rows = kept
+            steps += 1
+            for job in rows.pop(steps, ()):
+                running -= 1
+                self._job_done(job)
 
     # -- running -----------------------------------------------------------------------------------
     def _open_loop(self, rate: float, until: float):
@@ -455,12 +468,17 @@ class Simulation:
             self.arrive()
 
     def run(self, *, rate: float | None = None, concurrency: int | None = None, duration_s: float = 60.0,
-            warmup_s: float | None = None, drain_s: float = 30.0) -> dict:
+            warmup_s: float | None = None, drain_s: float | None = None) -> dict:
         """Open loop at `rate` req/s or a closed loop of `concurrency` clients, for `duration_s`
-        simulated seconds; requests arriving in the first `warmup_s` are not counted."""
+        simulated seconds; requests arriving in the first `warmup_s` are not counted. An open loop
+        then runs `drain_s` more (default: as long again, up to a minute) without arrivals, so the
+        last counted requests finish and their latencies count."""
         if (rate is None) == (concurrency is None):
             raise ValueError("give either rate or concurrency")
-        warmup = duration_s * 0.1 if warmup_s is None else warmup_s
+        # Default warm-up: a tenth of the run, or three of the slowest path's unloaded latencies if
+        # that is longer (slots held by long reasoning fill for that long), at most half the run.
+        deep = 3 * self.workload.unloaded_s(self.profile)
+        warmup = min(max(duration_s * 0.1, deep), duration_s / 2) if warmup_s is None else warmup_s
         started = time.perf_counter()
         if rate is not None:
             self.env.process(self._open_loop(rate, duration_s))
@@ -471,13 +489,18 @@ class Simulation:
             self.on_done = again
             for _ in range(concurrency):
                 self.arrive()
-        self.env.run(until=duration_s + (drain_s if rate is not None else 0.0))
+        drain = min(duration_s, 60.0) if drain_s is None else drain_s
+        self.env.run(until=duration_s + (drain if rate is not None else 0.0))
         return self.summary(rate, concurrency, duration_s, warmup, time.perf_counter() - started)
 
     def summary(self, rate, concurrency, duration_s: float, warmup: float, wall_s: float) -> dict:
-        window = duration_s - warmup
         lat = [l * 1000 for a, l, _ in self.latencies if warmup <= a < duration_s]
-        done = sum(1 for t in self.done_times if warmup <= t < duration_s)
+        # Throughput: completions per second once the pipeline is full. A pipeline seconds deep (a
+        # long reasoning path) fills for seconds after the warm-up: the window starts a p99 latency
+        # later (at most half-way), or completions of slow paths would be missing from it.
+        start = min(warmup + (percentile(lat, 99) / 1000 if lat else 0.0), duration_s / 2)
+        window = duration_s - start
+        done = sum(1 for t in self.done_times if start <= t < duration_s)
         rejected = sum(1 for a in self.rejected if warmup <= a < duration_s)
         arrived = len(lat) + rejected
         paths: dict[str, int] = {}
@@ -536,8 +559,17 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="serve config whose limits and batching the pools take (default: the GPU config)")
     p.add_argument("--transfer-rate", type=float, default=None,
                    help="share of requests that transfer (default: the profile's measured share)")
+    p.add_argument("--max-batch-size", type=parse_replicas, default={},
+                   help="override the config's max_batch_size per pool, e.g. SmallReasoner=64")
     p.add_argument("--host-cores", type=float, default=None, help="replicas share this many CPU cores (local app)")
     p.add_argument("--seed", type=int, default=0)
+
+
+def settings_for(args) -> dict[str, PoolSettings]:
+    settings = settings_from_config(args.config)
+    for name, n in args.max_batch_size.items():
+        settings[name].max_batch_size = n
+    return settings
 
 
 def workload_for(args, profile: Profile) -> Workload:
@@ -557,7 +589,7 @@ def main(argv=None) -> int:
     profile = Profile.load(args.profile)
     workload = workload_for(args, profile)
     print(f"profile {args.profile} ({profile.source.get('device', '?')}); workload: {workload.describe()}")
-    r = simulate(profile, workload, args.replicas, settings_from_config(args.config), rate=args.rate,
+    r = simulate(profile, workload, args.replicas, settings_for(args), rate=args.rate,
                  concurrency=args.concurrency, duration_s=args.duration_s, host_cores=args.host_cores,
                  seed=args.seed)
     print_result(r)
