@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tandem.config import DEPLOYMENT_NAMES, POLICY_NAMES, load_tandem_config
+from tandem.config import DEPLOYMENT_NAMES, POLICY_NAMES, limit_problems, load_tandem_config
 from tandem.errors import TandemError
 
 
@@ -60,7 +60,8 @@ def _cmd_ask(args) -> int:
 
 
 def _cmd_validate_config(args) -> int:
-    """Check a serve config's Tandem args and deployment names without starting Ray."""
+    """Check a serve config's Tandem args, their cross-field invariants (limit_problems) and deployment
+    names without starting Ray."""
     data = yaml.safe_load(Path(args.file).read_text()) or {}
     apps = data.get("applications") or []
     if not apps:
@@ -70,7 +71,8 @@ def _cmd_validate_config(args) -> int:
     for app in apps:
         name = app.get("name", "<unnamed>")
         try:
-            load_tandem_config(app.get("args"))
+            config = load_tandem_config(app.get("args"))
+            problems += [f"application '{name}': {p}" for p in limit_problems(config)]
         except TandemError as err:
             problems.append(f"application '{name}': {err.message}")
         for dep in app.get("deployments") or []:

@@ -96,7 +96,9 @@ class HttpConfig(_Strict):
     max_images: int = Field(4, ge=0, description="Most images in one request.")
     max_image_bytes: int = Field(8 * 2**20, gt=0, description="Largest decoded image file (413 above).")
     max_image_pixels: int = Field(4096 * 4096, gt=0, description="Largest image, width x height (413 above).")
-    max_question_chars: int = Field(8000, gt=0, description="Longest text across a request's messages.")
+    max_question_chars: int = Field(3000, gt=0, description="Longest text across a request's messages "
+                                                            "(within limits.max_prompt_tokens with the images: "
+                                                            "`tandem validate-config` checks it).")
     allowed_image_hosts: tuple[str, ...] = Field(
         (), description="Hosts whose http(s) image URLs may be fetched. Empty: remote URLs are refused.")
     image_fetch_timeout_s: float = Field(5.0, gt=0, description="Connect and read timeout of a remote image.")
@@ -133,6 +135,46 @@ class TandemConfig(_Strict):
 
     def model(self, role: str) -> ModelConfig:
         return {"small": self.small, "large": self.large}[role]
+
+
+# Qwen3-VL turns 16-px patches, merged 2 x 2, into one visual token: 32 x 32 pixels per token (the
+# shipped tiny checkpoints keep the same geometry), plus the vision start and end tokens per image.
+PIXELS_PER_VISUAL_TOKEN = 32 * 32
+# The chat template's own tokens around the longest prompt (roles, think tags, the instruction lines
+# of prompts.py): a margin, not a measurement of one tokenizer.
+TEMPLATE_TOKENS = 64
+
+
+def visual_tokens(max_pixels: int) -> int:
+    """Most prompt tokens one image can take for a model resizing to at most `max_pixels`."""
+    return max_pixels // PIXELS_PER_VISUAL_TOKEN + 2
+
+
+def longest_prompt_tokens(config: TandemConfig, role: str) -> dict[str, int]:
+    """The parts of the longest prompt a request within the HTTP limits can make for `role`: every
+    image at max_pixels, the whole question at one token per character (ASCII's worst case; text in
+    other scripts can take more, and is then refused with a 400 by the model server), and the
+    longest text a stage adds — a reasoning (answer after reasoning) or a transferred excerpt."""
+    added = max(config.limits.reasoning_max_tokens, config.selector.budget_tokens)
+    return {"images": config.http.max_images * visual_tokens(config.model(role).max_pixels),
+            "question": config.http.max_question_chars, "added": added, "template": TEMPLATE_TOKENS}
+
+
+def limit_problems(config: TandemConfig) -> list[str]:
+    """Cross-field invariants that one field's validation cannot see: a request that every HTTP limit
+    admits must not be refused by a model server for its prompt's length."""
+    problems = []
+    for role in ("small", "large"):
+        parts = longest_prompt_tokens(config, role)
+        need = sum(parts.values())
+        if config.limits.max_prompt_tokens < need:
+            problems.append(
+                f"limits.max_prompt_tokens ({config.limits.max_prompt_tokens}) is below the longest {role} prompt the "
+                f"HTTP limits admit: {need} tokens = {config.http.max_images} images x "
+                f"{visual_tokens(config.model(role).max_pixels)} ({role}.max_pixels {config.model(role).max_pixels}) "
+                f"+ {parts['question']} (http.max_question_chars) + {parts['added']} (reasoning or excerpt) + "
+                f"{parts['template']} (template); raise it or lower those")
+    return problems
 
 
 def format_validation_error(err: ValidationError) -> str:

@@ -31,3 +31,35 @@ def test_deployment_names_match_what_the_builder_binds():
     from tandem.config import DEPLOYMENT_NAMES
     import deployments.app as app
     assert set(app._DEFAULT_OPTIONS) == set(DEPLOYMENT_NAMES)
+
+
+def test_gpu_config_is_valid_with_its_limits_consistent():
+    out = run(ROOT / "serve_config.gpu.yaml")
+    assert out.returncode == 0, out.stderr
+
+
+def test_prompt_limit_below_what_the_http_limits_admit_fails_with_the_arithmetic(tmp_path):
+    text = (ROOT / "serve_config.gpu.yaml").read_text()
+    assert "max_pixels: 262144" in text and "max_prompt_tokens: 8192" in text
+    bad = tmp_path / "bad.yaml"
+    # Four 512 x 512 images (4 x 258 tokens), the question, a reasoning and the template: 5,120.
+    bad.write_text(text.replace("max_prompt_tokens: 8192", "max_prompt_tokens: 5000"))
+    out = run(bad)
+    assert out.returncode != 0
+    assert "limits.max_prompt_tokens (5000) is below the longest large prompt the HTTP limits admit: 5120" in out.stderr
+    assert "4 images x 258 (large.max_pixels 262144) + 3000 (http.max_question_chars) + 1024" in out.stderr
+    bad.write_text(text.replace("max_prompt_tokens: 8192", "max_prompt_tokens: 5120"))
+    assert run(bad).returncode == 0
+
+
+def test_default_config_keeps_its_own_invariants():
+    from tandem.config import TandemConfig, limit_problems, longest_prompt_tokens
+
+    config = TandemConfig()
+    assert limit_problems(config) == []
+    # and the check is not vacuous: one more image's worth of question text breaks it
+    parts = longest_prompt_tokens(config, "small")
+    over = config.limits.max_prompt_tokens - sum(parts.values()) + 1
+    bigger = config.model_copy(update={"http": config.http.model_copy(
+        update={"max_question_chars": config.http.max_question_chars + over})})
+    assert limit_problems(bigger) and "small prompt" in limit_problems(bigger)[0]
