@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The prepared GPU check: on one H200 with no network, in under 8 minutes, the latency profile of
+# The prepared GPU check: on one H200 with no network, in under 10 minutes, the latency profile of
 # random-init Qwen3-VL 8B and 2B at their real sizes (bf16), then a short strategies run on the same
 # pair (checkpoints built on the GPU into $TANDEM_CACHE; weights random, so accuracy means nothing,
-# latency and paths do). Writes everything under OUT_DIR.
+# latency and paths do), then a stage profile of that pair for the simulator. Writes everything under OUT_DIR.
 #   bash benchmarks/gpu_check.sh OUT_DIR
 set -euo pipefail
 out="${1:?usage: bash benchmarks/gpu_check.sh OUT_DIR}"
@@ -25,3 +25,8 @@ limits: {answer_max_tokens: 16, reasoning_max_tokens: 128}
 YAML
 timeout 240 python -m benchmarks.strategies --config "$out/strategies.yaml" --n 6 --out "$out" 2>&1 \
   | tee "$out/strategies.log"
+
+# The same pair as a stage profile (quick grid), the capacity simulator's input: a GPU profile
+# for `python -m benchmarks.plan --profile "$out/stage_profile.json" ...` (cluster/README.md).
+timeout 150 python -m benchmarks.stage_profile --config "$out/strategies.yaml" --quick --threads 0 \
+  --out "$out/stage_profile.json" 2>&1 | tee "$out/stage_profile.log"

@@ -20,7 +20,13 @@ grid items — the transfer share and each stage's prompt tokens and decode step
 them. Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
 
 The same JSON comes from a GPU (`--device cuda` with a config naming real-size models, e.g.
-`random:qwen3-vl-8b`), so a GPU run gives a GPU profile. Ends with one JSON line (a summary).
+`random:qwen3-vl-8b`), so a GPU run gives a GPU profile. Where no GPU is at hand, `--estimate L40S`
+(or `--estimate cluster`: cluster/'s L4 and L40S nodes per pool) writes one by roofline arithmetic
+instead — an estimate, marked as one in its `source`: the published
+Qwen3-VL 2B/8B dimensions (parameters counted on the meta device), the GPU's datasheet bandwidth and
+bf16 throughput at the efficiencies below, a fixed per-step launch overhead for eager transformers,
+and the `mutual` workload at the paper's routing split (MMBench-dev: 3,736 of 4,329 without transfer).
+Ends with one JSON line (a summary).
 """
 
 from __future__ import annotations
@@ -100,6 +106,77 @@ def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -
     return out
 
 
+# Datasheet figures (dense bf16) and what a served eager-transformers decode reaches of them: a guess
+# stated as one, replaced by a measured GPU profile whenever a GPU is lent (benchmarks/gpu_check.sh).
+GPUS = {"L4": {"hbm_gb_s": 300, "bf16_tflops": 121}, "L40S": {"hbm_gb_s": 864, "bf16_tflops": 362},
+        "A100": {"hbm_gb_s": 2039, "bf16_tflops": 312}, "H100": {"hbm_gb_s": 3350, "bf16_tflops": 989},
+        "H200": {"hbm_gb_s": 4800, "bf16_tflops": 989}}
+# Where cluster/ puts each pool: vision towers and the 2B on L4 nodes, the 8B on L40S nodes.
+CLUSTER_GPUS = {"vision": "L4", "small": "L4", "large": "L40S"}
+ESTIMATE = dict(bandwidth_efficiency=0.7, compute_efficiency=0.4, step_overhead_ms=8.0, call_overhead_ms=5.0,
+                image_tokens=256, question_tokens=64, context_tokens=768, reasoning_steps=512, answer_steps=3,
+                excerpt_tokens=256, transfer_rate=round(1 - 3736 / 4329, 4))
+
+
+def _param_counts(name: str) -> tuple[int, int]:
+    """(decoder, vision tower) parameters of a real-size Qwen3-VL, counted without allocating them."""
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from tandem.checkpoints import real_size_config
+
+    with torch.device("meta"):
+        model = Qwen3VLForConditionalGeneration._from_config(real_size_config(name))
+    vision = sum(p.numel() for p in model.model.visual.parameters())
+    return sum(p.numel() for p in model.parameters()) - vision, vision
+
+
+def estimate_profile(gpu: str, small: str = "qwen3-vl-2b", large: str = "qwen3-vl-8b", **over) -> dict:
+    """A GPU stage profile by roofline arithmetic (see the module docstring): not a measurement.
+    `gpu`: one of GPUS for every pool, or "cluster" for cluster/'s placement (CLUSTER_GPUS)."""
+    from benchmarks.simulate import PROFILE_KIND
+    from tandem.checkpoints import REAL_SIZES
+
+    a = {**ESTIMATE, **over}
+    placement = CLUSTER_GPUS if gpu == "cluster" else dict.fromkeys(CLUSTER_GPUS, gpu)
+
+    def rates(pool: str) -> tuple[float, float]:
+        g = GPUS[placement[pool]]  # bytes / s and FLOP / s, at the efficiencies assumed
+        return g["hbm_gb_s"] * 1e9 * a["bandwidth_efficiency"], g["bf16_tflops"] * 1e12 * a["compute_efficiency"]
+    out: dict = {"vision": {}, "generators": {}}
+    prompt = a["image_tokens"] + a["question_tokens"]
+    for role, name in (("small", small), ("large", large)):
+        text_params, vision_params = _param_counts(name)
+        t = REAL_SIZES[name]["text"]
+        kv_bytes = 2 * t["num_key_value_heads"] * 128 * 2 * t["num_hidden_layers"]  # K and V, bf16, per token
+        patches = 4 * a["image_tokens"]  # a 2x2 merge: four 16-px patches per visual token
+        bw, flops = rates("vision")
+        out["vision"][role] = [{"images": n, "ms": round(a["call_overhead_ms"] + 1000 * max(
+            2 * vision_params * patches * n / flops, 2 * vision_params / bw), 3)} for n in (1, 2, 4, 8, 16, 32)]
+        bw, flops = rates(role)
+        step = [{"batch": b, "ms": round(a["step_overhead_ms"] + 1000 * max(
+            (2 * text_params + b * a["context_tokens"] * kv_bytes) / bw, 2 * text_params * b / flops), 3)}
+            for b in (1, 2, 4, 8, 16, 32, 64)]
+        prefill = [{"batch": b, "prompt_tokens": prompt, "ms": round(a["call_overhead_ms"] + 1000 * max(
+            2 * text_params * b * prompt / flops, 2 * text_params / bw), 3)} for b in (1, 2, 4, 8, 16)]
+        out["generators"][role] = {"prefill": prefill, "step": step}
+    stages = {"small_direct": {"prompt_tokens": prompt, "decode_steps": a["answer_steps"]},
+              "large_direct": {"prompt_tokens": prompt, "decode_steps": a["answer_steps"]},
+              "small_reasoning": {"prompt_tokens": prompt, "decode_steps": a["reasoning_steps"]},
+              "large_transfer": {"prompt_tokens": prompt + a["excerpt_tokens"], "decode_steps": a["answer_steps"]}}
+    return {"kind": PROFILE_KIND, "version": 1, "router": {"ms": 2.0},
+            "source": {"estimate": "roofline (not measured)", "device": f"cuda ({gpu}, estimated)",
+                       "gpus": {pool: {"type": t, **GPUS[t]} for pool, t in placement.items()},
+                       "models": {"small": name_of(small), "large": name_of(large)}, "assumptions": a,
+                       "date": time.strftime("%Y-%m-%d %H:%M:%S")},
+            **out, "workload": {"policy": "mutual", "images": 1, "transfer_rate": a["transfer_rate"], "stages": stages,
+                                "source": "assumed: the paper's MMBench-dev routing split; token counts in assumptions"}}
+
+
+def name_of(real: str) -> str:
+    return {"qwen3-vl-2b": "Qwen/Qwen3-VL-2B-Thinking", "qwen3-vl-8b": "Qwen/Qwen3-VL-8B-Instruct"}.get(real, real)
+
+
 def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict]:
     """(router ms, workload) from `tandem:mutual` on n held-out grid items, one at a time."""
     import base64
@@ -162,7 +239,7 @@ def print_profile(p: dict) -> None:
         print(f"step {role:<5}   : " + "  ".join(f"b{q['batch']}={q['ms']:.2f}ms" for q in g["step"]))
     if p.get("workload"):
         w = p["workload"]
-        print(f"workload: mutual, transfer {w['transfer_rate']:.1%} of {w['requests']}; " + "; ".join(
+        print(f"workload: mutual, transfer {w['transfer_rate']:.1%} of {w.get('requests', 'assumed')}; " + "; ".join(
             f"{k} {v['prompt_tokens']:.0f} prompt tok, {v['decode_steps']:.1f} steps" for k, v in w["stages"].items()))
 
 
@@ -178,9 +255,19 @@ def main(argv=None) -> int:
                    help="torch threads, as a replica gets them (Ray gives a num_cpus <= 1 actor one); 0: torch's default")
     p.add_argument("--url", help="a running Tandem: also measure router.ms and the mutual workload")
     p.add_argument("--router-ms", type=float, default=1.0, help="router.ms when no --url is given")
+    p.add_argument("--estimate", choices=sorted(GPUS) + ["cluster"],
+                   help="no measurement: a roofline estimate for this GPU, or cluster/'s GPUs per pool (L4, L40S)")
     p.add_argument("--out", required=True, help="where the profile JSON goes")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.estimate:
+        profile = estimate_profile(args.estimate)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(profile, indent=1))
+        print_profile(profile)
+        print(f"profile (estimated, not measured): {args.out}")
+        print(json.dumps({"benchmark": "stage_profile", "out": args.out, "estimate": args.estimate}))
+        return 0
     import torch
     from tqdm import tqdm
 
