@@ -57,6 +57,12 @@ class ModelServer:
     async def generate(self, request: GenerationRequest) -> GenerationOutput:
         return await collect(self.stream(request))
 
+    async def check_health(self) -> None:
+        """Serve's periodic probe (raising restarts the replica): the decode loop's thread is alive and
+        the device still computes. Off the event loop: on a GPU the probe waits behind a step."""
+        self.engine.loop.check()
+        await asyncio.to_thread(self.engine.check_device)
+
     def stats(self) -> dict:
         loop = self.engine.loop
         return {"role": self.role, "pid": os.getpid(), "batch_sizes": list(loop.prefill_sizes),

@@ -78,6 +78,11 @@ class VisionEncoder:
         while len(self.cache) > self.settings.feature_cache_size:
             self.cache.popitem(last=False)
 
+    async def check_health(self) -> None:
+        """Serve's periodic probe (raising restarts the replica): each tower's device still computes."""
+        for tower in self.towers.values():
+            await asyncio.to_thread(tower.check_device)
+
     def stats(self) -> dict:
         return {"pid": os.getpid(), "encoded": dict(self.encoded), "batch_sizes": list(self.batch_sizes),
                 "cache_hits": self.cache_hits,

@@ -130,6 +130,11 @@ class DecodeLoop:
         with self._cv:
             self.max_batch_size, self.batch_wait_s = max_batch_size, batch_wait_s
 
+    def check(self) -> None:
+        """Raise if the loop's thread has died: every request submitted now would wait for ever."""
+        if self._thread is not None and not self._thread.is_alive():
+            raise RuntimeError(f"{self.name}: the decode loop's thread is gone")
+
     # --- the three ways in --------------------------------------------------------------------
     def submit(self, request: GenerationRequest, sink: Sink) -> Row:
         row = Row(request, sink)

@@ -41,6 +41,9 @@ class FakeEngine:
         self._texts: list[str] = [""]
         self.loop = DecodeLoop(self, name=f"decode-{name}")
 
+    def check_device(self) -> None:
+        """No device: nothing to check."""
+
     def warm_up(self) -> None:
         """Nothing to warm; present so the fake honours the whole protocol."""
 

@@ -14,6 +14,9 @@ class VisionEngine(Protocol):
     def warm_up(self) -> None:
         """Run once before serving, so no client pays a cold start."""
 
+    def check_device(self) -> None:
+        """Raise if the device this engine runs on no longer computes (the replica's health probe)."""
+
     def encode_images(self, images: list[bytes], model: str) -> list[ImageFeatures]:
         """Features of each image (bytes already validated) for the named model, in order."""
 
@@ -22,6 +25,9 @@ class VisionEngine(Protocol):
 class GenerationEngine(Protocol):
     def warm_up(self) -> None:
         """Run once before serving, so no client pays a cold start."""
+
+    def check_device(self) -> None:
+        """Raise if the device this engine runs on no longer computes (the replica's health probe)."""
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | GenerationOutput]:
         """Text deltas as decoded, then the output. The request decodes among whatever else the

@@ -92,6 +92,13 @@ class TransformersEngine:
         elif self.model.model.language_model is not None:
             self.generate([GenerationRequest("hi", [], SamplingParams(max_tokens=2))])
 
+    def check_device(self) -> None:
+        """A one-element op on the model's device, waited for: raises where the device is lost (a
+        broken CUDA context fails every later call, so the replica must be replaced)."""
+        probe = torch.ones(1, device=self.device) + 1
+        if probe.item() != 2:
+            raise RuntimeError(f"{self.name}: device {self.device} computed 1 + 1 = {probe.item()}")
+
     # --- vision ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def encode_images(self, images: list[bytes]) -> list[ImageFeatures]:
