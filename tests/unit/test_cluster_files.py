@@ -13,8 +13,20 @@ POOLS = {"VisionEncoder": "tandem_vision", "SmallReasoner": "tandem_small", "Lar
          "Router": "tandem_router"}
 
 
+# What the node types named by the cluster files have (AWS's published sizes): vCPUs, GiB, GPUs.
+INSTANCE_TYPES = {"m6i.2xlarge": (8, 32, 0), "g6.xlarge": (4, 16, 1), "g6.2xlarge": (8, 32, 1),
+                  "g6.4xlarge": (16, 64, 1), "g6e.xlarge": (4, 32, 1), "g6e.2xlarge": (8, 64, 1)}
+SCHEDULABLE = 0.85  # of a node's capacity a pod may ask for: the kubelet and system reserve the rest
+KUBERAY_GROUP = {"gpu_vision": "gpu-vision", "gpu_small": "gpu-small", "gpu_large": "gpu-large",
+                 "cpu_router": "cpu-router"}
+
+
 def load(path: str):
-    return yaml.safe_load((ROOT / path).read_text())
+    """A YAML file's one document; for the KubeRay manifest, its RayService."""
+    docs = [d for d in yaml.safe_load_all((ROOT / path).read_text()) if d]
+    if len(docs) > 1:
+        docs = [d for d in docs if d.get("kind") == "RayService"]
+    return docs[0]
 
 
 def gpu_deployments() -> dict:
@@ -106,3 +118,86 @@ def test_kuberay_gpu_groups_request_gpus_and_tolerate_gpu_taints():
         else:
             assert "nvidia.com/gpu" not in limits
         assert group["minReplicas"] <= group["maxReplicas"]
+
+
+def _kuberay_pods() -> dict[str, dict]:
+    cluster = load("cluster/kuberay-rayservice.yaml")["spec"]["rayClusterConfig"]
+    pods = {"head": cluster["headGroupSpec"]}
+    pods.update({g["groupName"]: g for g in cluster["workerGroupSpecs"]})
+    return pods
+
+
+def _gib(quantity: str) -> float:
+    units = {"Gi": 1, "Mi": 1 / 1024}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return float(quantity[:-len(suffix)]) * factor
+    raise AssertionError(f"memory quantity {quantity!r}: use Gi or Mi")
+
+
+def test_every_pod_asks_for_less_than_its_node_type_can_give():
+    for name, group in _kuberay_pods().items():
+        spec = group["template"]["spec"]
+        node = spec["nodeSelector"]["node.kubernetes.io/instance-type"]
+        assert node in INSTANCE_TYPES, f"{name}: node type {node} is not in the table"
+        cpus, gib, gpus = INSTANCE_TYPES[node]
+        for container in spec["containers"]:
+            req = container["resources"]["requests"]
+            assert float(req["cpu"]) <= SCHEDULABLE * cpus, f"{name}: {req['cpu']} CPU on a {cpus}-vCPU {node}"
+            assert _gib(req["memory"]) <= SCHEDULABLE * gib, f"{name}: {req['memory']} on a {gib} GiB {node}"
+            assert int(req.get("nvidia.com/gpu", 0)) <= gpus
+            assert container["resources"]["limits"]["memory"] == req["memory"]  # no overcommit of memory
+
+
+def test_ray_resources_on_each_node_cover_the_replicas_placed_there():
+    deps = gpu_deployments()
+    for name, group in kuberay_pools().items():
+        tandem = {k: v for k, v in _kuberay_resources(group).items() if k.startswith("tandem_")}
+        for resource, slots in tandem.items():
+            dep = next(d for d, r in POOLS.items() if r == resource)
+            opts = deps[dep]["ray_actor_options"]
+            replicas = slots // opts["resources"][resource]
+            assert replicas * opts.get("num_cpus", 1) <= float(group["rayStartParams"]["num-cpus"]), name
+
+
+def test_launcher_and_kuberay_use_the_same_node_types():
+    launcher = launcher_pools()
+    for pool, group in KUBERAY_GROUP.items():
+        node = kuberay_pools()[group]["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"]
+        assert launcher[pool]["node_config"]["InstanceType"] == node, pool
+    for t in launcher.values():
+        assert t["node_config"]["InstanceType"] in INSTANCE_TYPES
+
+
+def test_no_deprecated_rayservice_fields():
+    spec = load("cluster/kuberay-rayservice.yaml")["spec"]
+    for field in ("serviceUnhealthySecondThreshold", "deploymentUnhealthySecondThreshold"):
+        assert field not in spec, f"{field} is deprecated in KubeRay"
+
+
+def test_every_pod_shares_the_hf_cache_and_may_read_a_token():
+    docs = list(yaml.safe_load_all((ROOT / "cluster" / "kuberay-rayservice.yaml").read_text()))
+    claim = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
+    assert "ReadWriteMany" in claim["spec"]["accessModes"]
+    for name, group in _kuberay_pods().items():
+        spec = group["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["hf-cache"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"], name
+        for container in spec["containers"]:
+            env = {e["name"]: e for e in container["env"]}
+            mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "hf-cache")
+            assert env["HF_HOME"]["value"] == mount, name
+            assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["optional"] is True, name
+
+
+def test_the_image_pins_the_versions_tested():
+    import importlib.metadata as md
+
+    pins = dict(line.split("==") for line in (ROOT / "cluster" / "constraints-gpu.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    for package in ("torch", "transformers", "accelerate", "tokenizers"):
+        assert pins[package] == md.version(package).split("+")[0], package  # +cpu here, a CUDA build there
+    assert "torchvision" in pins  # the real Qwen3-VL processors want it
+    dockerfile = (ROOT / "cluster" / "Dockerfile").read_text()
+    assert f"torch=={pins['torch']} torchvision=={pins['torchvision']}" in dockerfile
+    assert "-c constraints-gpu.txt" in dockerfile and "whl/cu" in dockerfile
