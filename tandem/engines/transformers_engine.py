@@ -28,6 +28,49 @@ from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, S
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
+def _partial_class(cls, *, vision: bool, language: bool):
+    """`cls` with the parts a deployment never runs removed as it is built — inside `from_pretrained`,
+    on the meta device, before any weight is read — so their tensors are never loaded: they count as
+    unexpected keys of the checkpoint and stay on disk."""
+    class Partial(cls):
+        def __init__(self, config, *args, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            if not vision:
+                self.model.visual = None
+            if not language:
+                self.model.language_model, self.lm_head = None, None
+
+    Partial.__name__ = Partial.__qualname__ = cls.__name__
+    return Partial
+
+
+def load_parts(path: str, config: ModelConfig, *, vision: bool = True, language: bool = True, **placement):
+    """The checkpoint's vision tower, its decoder, or both, read straight from its files: a vision
+    encoder never holds the 8B decoder in host memory, a model server never the tower (the peak of a
+    part's load stays near that part's own bytes: benchmarks/load_memory.py measures it)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+    from transformers.utils import logging as hf_logging
+
+    kwargs = dict(dtype=_DTYPES[config.dtype], trust_remote_code=config.trust_remote_code, **placement)
+    model_config = AutoConfig.from_pretrained(path, trust_remote_code=config.trust_remote_code)
+    cls = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING.get(type(model_config), None)
+    if (vision and language) or cls is None:  # both parts, or an architecture we cannot split (remote code)
+        model = AutoModelForImageTextToText.from_pretrained(path, config=model_config, **kwargs)
+        if not language:
+            model.model.language_model, model.lm_head = None, None
+        if not vision:
+            model.model.visual = None
+        return model
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the parts left on disk are reported as unexpected keys: by design
+    try:
+        return _partial_class(cls, vision=vision, language=language).from_pretrained(path, config=model_config,
+                                                                                     **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 @dataclass
 class _Batch:
     """The running batch: its KV cache, attention mask, each row's next rotary position, and each
@@ -57,13 +100,7 @@ class TransformersEngine:
         self.tokenizer = self.processor.tokenizer
         # device "auto": accelerate spreads the layers over every GPU this replica was given.
         placement = {"device_map": "auto"} if config.device == "auto" else {}
-        model = AutoModelForImageTextToText.from_pretrained(
-            path, dtype=_DTYPES[config.dtype], trust_remote_code=config.trust_remote_code, **placement)
-        # A server that only encodes drops the decoder, and one that only generates drops the tower.
-        if not language:
-            model.model.language_model, model.lm_head = None, None
-        if not vision:
-            model.model.visual = None
+        model = load_parts(path, config, vision=vision, language=language, **placement)
         self.model = (model if placement else model.to(config.device)).eval()
         self.device = self.model.device if placement else torch.device(config.device)
         self.image_token_id = self.processor.image_token_id

@@ -267,3 +267,26 @@ def test_text_is_the_whole_sequence_decoded_not_token_by_token(engine):
     pieces, out = asyncio.run(collect())
     assert out.text == text and "".join(pieces) == text and "".join(out.token_texts) == text
     assert all("\ufffd" not in p for p in pieces) and len(out.token_texts) == len(ids)
+
+
+def test_each_deployment_loads_only_its_part_with_the_checkpoints_weights():
+    """The VisionEncoder's load reads the tower alone, a model server's the decoder alone (never built
+    and dropped: benchmarks/load_memory.py measures the memory this saves), each tensor as saved."""
+    from transformers import AutoModelForImageTextToText
+
+    from tandem.checkpoints import resolve_model_ref
+    from tandem.config import ModelConfig
+    from tandem.engines.transformers_engine import load_parts
+
+    config = ModelConfig(model="trained:large", reasoning_format="prompted")
+    path = resolve_model_ref(config.model)
+    whole = AutoModelForImageTextToText.from_pretrained(path).state_dict()
+    tower = load_parts(path, config, language=False)
+    decoder = load_parts(path, config, vision=False)
+    assert tower.model.language_model is None and tower.lm_head is None
+    assert decoder.model.visual is None
+    t, d = tower.state_dict(), decoder.state_dict()
+    assert t and all(k.startswith("model.visual.") for k in t)
+    assert d and not any(k.startswith("model.visual.") for k in d)
+    assert set(t) | set(d) == set(whole)
+    assert all(torch.equal(whole[k], v) for k, v in {**t, **d}.items())
