@@ -108,10 +108,10 @@ def _max_tokens(chat: ChatBody, config: TandemConfig) -> int | None:
     return value
 
 
-def _temperature(chat: ChatBody) -> float:
+def _temperature(chat: ChatBody) -> float | None:
     value = chat.temperature
     if value is None:
-        return 0.0
+        return None
     if not 0.0 <= value <= 2.0:
         raise BadRequest(f"'temperature' must be a number from 0 to 2; got {short(value)}", param="temperature")
     return float(value)

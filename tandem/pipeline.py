@@ -157,9 +157,13 @@ class _Run:
                        stop: tuple[str, ...] = (), attend_to: str | None = None,
                        sink: TextSink | None = None, logprobs: bool = False) -> GenerationOutput:
         feats = await self.features(role)
+        # A request's temperature applies to every stage; without one, answers are greedy and a
+        # reasoning samples as its model's generation_config says.
+        temperature = self.req.temperature
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature or 0.0, stop=stop, logprobs=logprobs,
+                                  model_defaults=temperature is None and stage.endswith("_reasoning"))
         request = GenerationRequest(prompt=prompt, images=feats, request_id=self.req.request_id, attend_to=attend_to,
-                                    sampling=SamplingParams(max_tokens=max_tokens, temperature=self.req.temperature,
-                                                            stop=stop, logprobs=logprobs))
+                                    sampling=sampling)
         start = self.p.clock()
         out = await self._call(stage, role, getattr(self.p.stages, role)(request, sink))
         self.latency_ms[stage] = (self.p.clock() - start) * 1000

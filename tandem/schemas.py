@@ -13,9 +13,14 @@ from typing import Any
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 0.0
+    temperature: float = 0.0  # 0: greedy
     stop: tuple[str, ...] = ()
     logprobs: bool = False  # keep each chosen token's log-probability (the confidence policy needs them)
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no cut
+    # Reasoning the request set no temperature for: the engine samples as the checkpoint's own
+    # generation_config says (a thinking model's card advises against greedy: it loops to the cap).
+    model_defaults: bool = False
 
 
 @dataclass
@@ -88,7 +93,7 @@ class AskRequest:
     images: list[bytes] = field(default_factory=list)
     policy: str | None = None
     max_tokens: int | None = None
-    temperature: float = 0.0
+    temperature: float | None = None  # None: the request set none (answers greedy, reasoning as the model says)
     request_id: str = ""
     stream_reasoning: bool = False  # when streamed: the reasoning on the answer's path, as it is decoded
 

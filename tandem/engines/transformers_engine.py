@@ -9,6 +9,7 @@ DynamicCache; the loop decides who joins, who leaves and what streams.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,20 @@ from tandem.prompts import IMAGE_PAD, IMAGE_PLACEHOLDER
 from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+def _sample(logits: torch.Tensor, s: SamplingParams) -> int:
+    """One token from a row's logits at the row's temperature, within its top_k and top_p."""
+    scores = logits / s.temperature
+    if 0 < s.top_k < scores.numel():
+        kth = torch.topk(scores, s.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, -1)
+    if s.top_p < 1.0:
+        ordered, order = probs.sort(descending=True)
+        outside = ordered.cumsum(-1) - ordered > s.top_p  # keep the smallest head reaching top_p
+        probs = probs.scatter(0, order, ordered.masked_fill(outside, 0.0))
+    return int(torch.multinomial(probs, 1))
 
 
 def _partial_class(cls, *, vision: bool, language: bool):
@@ -106,7 +121,17 @@ class TransformersEngine:
         self.image_token_id = self.processor.image_token_id
         self.merge_size = self.processor.image_processor.merge_size
         self.stop_token_ids = self._stop_token_ids()
+        self.reasoning_sampling = self._model_sampling()
         self.loop = DecodeLoop(self, name=f"decode-{name}")
+
+    def _model_sampling(self) -> dict:
+        """How the checkpoint's generation_config says to sample (Qwen3 thinking models: temperature
+        0.6, top_p 0.95, top_k 20); greedy where it says nothing or do_sample is off."""
+        gen = self.model.generation_config
+        if not getattr(gen, "do_sample", False) or not (getattr(gen, "temperature", None) or 0) > 0:
+            return {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+        return {"temperature": float(gen.temperature), "top_p": float(getattr(gen, "top_p", None) or 1.0),
+                "top_k": int(getattr(gen, "top_k", None) or 0)}
 
     def _stop_token_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
@@ -160,7 +185,10 @@ class TransformersEngine:
         return self.loop.stream(request)
 
     def prepare(self, request: GenerationRequest) -> Prepared:
-        """The prompt's token ids, checked against the limit (runs on the loop's thread)."""
+        """The prompt's token ids, checked against the limit (runs on the loop's thread); a request
+        that asks for the model's own sampling gets it here."""
+        if request.sampling.model_defaults:
+            request.sampling = dataclasses.replace(request.sampling, model_defaults=False, **self.reasoning_sampling)
         ids = self.tokenizer(self._expand_placeholders(request))["input_ids"]
         if len(ids) > self.max_prompt_tokens:
             raise BadRequest(f"prompt is {len(ids)} tokens for model '{self.name}'; the limit is "
@@ -242,7 +270,7 @@ class TransformersEngine:
         for i, s in enumerate(sampling):
             token = chosen[i]
             if s.temperature > 0:
-                token = int(torch.multinomial(torch.softmax(logits[i] / s.temperature, -1), 1))
+                token = _sample(logits[i], s)
             lp = float(logits[i, token] - torch.logsumexp(logits[i], -1)) if s.logprobs else None
             out.append((token, lp))
         return out

@@ -242,3 +242,18 @@ async def test_attention_selector_transfers_what_the_small_answer_attended_to():
     excerpt = prompts_sent(eng["large"])[0]
     assert "count 3" in excerpt and "and 4" in excerpt and "look at" not in excerpt
     assert result.transferred_tokens == 4 and "small_answer" in result.tokens
+
+
+@pytest.mark.parametrize("temperature", [None, 0.3])
+async def test_reasoning_samples_as_its_model_says_unless_the_request_sets_a_temperature(temperature):
+    pipeline, eng = make(small="A", large="B")
+    await ask(pipeline, "mutual", temperature=temperature)
+    sent = {r.prompt: r.sampling for e in eng.values() for batch in e.batches for r in batch}
+    reasoning = [s for p, s in sent.items() if p.endswith("<think>\n")]
+    answers = [s for p, s in sent.items() if not p.endswith("<think>\n")]
+    assert reasoning and answers
+    if temperature is None:  # answers greedy; the reasoning defers to the checkpoint's generation_config
+        assert all(s.model_defaults and s.temperature == 0 for s in reasoning)
+        assert all(not s.model_defaults and s.temperature == 0 for s in answers)
+    else:  # the request's temperature, on every stage
+        assert all(not s.model_defaults and s.temperature == 0.3 for s in reasoning + answers)

@@ -290,3 +290,27 @@ def test_each_deployment_loads_only_its_part_with_the_checkpoints_weights():
     assert d and not any(k.startswith("model.visual.") for k in d)
     assert set(t) | set(d) == set(whole)
     assert all(torch.equal(whole[k], v) for k, v in {**t, **d}.items())
+
+
+def test_reasoning_takes_the_checkpoints_sampling_and_sampling_honours_top_k_and_top_p():
+    from tandem.engines.transformers_engine import _sample
+
+    engine = TransformersEngine(ModelConfig(model="trained:small"), name="small", vision=False)
+    assert engine.reasoning_sampling == {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # its config says nothing
+    gen = engine.model.generation_config
+    gen.do_sample, gen.temperature, gen.top_p, gen.top_k = True, 0.6, 0.95, 20  # as Qwen3's thinking models ship
+    engine.reasoning_sampling = engine._model_sampling()
+    asked = GenerationRequest("hi", [], SamplingParams(max_tokens=4, model_defaults=True))
+    engine.prepare(asked)
+    assert (asked.sampling.temperature, asked.sampling.top_p, asked.sampling.top_k) == (0.6, 0.95, 20)
+    assert not asked.sampling.model_defaults
+    plain = GenerationRequest("hi", [], SamplingParams(max_tokens=4, temperature=0.2))
+    engine.prepare(plain)
+    assert (plain.sampling.temperature, plain.sampling.top_k) == (0.2, 0)  # the request's own, untouched
+
+    torch.manual_seed(0)
+    logits = torch.tensor([0.0, 3.0, 2.9, -1.0])
+    assert {_sample(logits, SamplingParams(temperature=5.0, top_k=1)) for _ in range(50)} == {1}
+    assert {_sample(logits, SamplingParams(temperature=5.0, top_p=0.01)) for _ in range(50)} == {1}
+    assert {_sample(logits, SamplingParams(temperature=5.0, top_k=2)) for _ in range(200)} == {1, 2}
+    assert len({_sample(logits, SamplingParams(temperature=5.0)) for _ in range(400)}) == 4
