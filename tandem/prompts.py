@@ -39,7 +39,12 @@ def direct_prompt(question: str, n_images: int, reasoning_format: str) -> str:
     """The model answers at once, short, without reasoning."""
     prompt = _user_turn(question, n_images, SHORT_ANSWER_INSTRUCTION)
     if reasoning_format == "think_tags":
-        prompt += f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"  # an empty thought turns thinking off (Qwen3)
+        # A choice, not the model's documented switch: Qwen3's text models turn thinking off with
+        # exactly this empty thought (their template's enable_thinking=False writes it), but the
+        # Qwen3-VL Thinking templates have no such switch and open <think> on every turn, so for
+        # them this prefill is outside what they were trained on. It is the only way to a direct
+        # answer without a reasoning; its effect on accuracy needs real weights (README, prompts).
+        prompt += f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
     return prompt
 
 
