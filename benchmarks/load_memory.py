@@ -5,8 +5,9 @@ load, a model server's decoder-only load, and (for comparison) the whole checkpo
     python -m benchmarks.load_memory --model tiny:large     # seconds
 
 Each load runs in a fresh process (`tandem.engines.transformers_engine.load_parts`, the engines' own
-path, on CPU) and reports its peak resident memory (ru_maxrss) beside the bytes of the part it keeps
-(its parameters and buffers). The bars (issue "first real GPU deploy"): a vision-only peak under 2x
+path, on CPU), then reads every kept tensor once (safetensors maps the file: a weight becomes resident
+when first touched, as serving or `.to("cuda")` does), and reports its peak resident memory
+(ru_maxrss) beside the bytes of the part it keeps (its parameters and buffers). The bars (issue "first real GPU deploy"): a vision-only peak under 2x
 the tower's bytes, a decoder-only peak under 1.3x the decoder's. The process's baseline (Python,
 torch, transformers imported: measured before loading) is part of the peak and is reported too.
 Ends with one JSON line.
@@ -38,7 +39,11 @@ def _child(model: str, part: str, dtype: str) -> dict:
     path = resolve_model_ref(model)
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     loaded = load_parts(path, ModelConfig(model=model, dtype=dtype), **PARTS[part])
-    kept = sum(t.numel() * t.element_size() for t in [*loaded.parameters(), *loaded.buffers()])
+    tensors = [*loaded.parameters(), *loaded.buffers()]
+    kept = sum(t.numel() * t.element_size() for t in tensors)
+    with torch.inference_mode():  # read every weight once, as serving does: pages safetensors mapped
+        for t in tensors:         # lazily become resident only when touched
+            t.sum()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     del loaded
     return {"part": part, "kept_bytes": kept, "peak_rss_bytes": peak, "baseline_rss_bytes": baseline,

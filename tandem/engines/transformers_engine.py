@@ -54,6 +54,7 @@ def _partial_class(cls, *, vision: bool, language: bool):
                 self.model.visual = None
             if not language:
                 self.model.language_model, self.lm_head = None, None
+                self.all_tied_weights_keys = {}  # the only tie, lm_head to the embeddings, went with them
 
     Partial.__name__ = Partial.__qualname__ = cls.__name__
     return Partial
