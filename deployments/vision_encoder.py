@@ -1,5 +1,6 @@
 """VisionEncoder: each model's own vision tower, batched across requests, with an LRU cache of
-features by (model, image digest) so a repeated image is never encoded twice.
+features by (model, image digest), bounded in entries and bytes, so a repeated image is never
+encoded twice.
 
 Features are put into Ray's object store and only their references are returned: the router relays
 references, and each model server fetches the features it needs straight from the store."""
@@ -26,6 +27,48 @@ class VisionConfig(BaseModel):
     max_batch_size: int = Field(8, gt=0, description="Most encode calls batched together.")
     batch_wait_timeout_s: float = Field(0.005, ge=0, description="How long a batch waits to fill.")
     feature_cache_size: int = Field(256, ge=0, description="Images whose features are kept, per replica.")
+    feature_cache_bytes: int = Field(256 * 2**20, ge=0,
+                                     description="Most bytes of features kept, per replica (they are pinned in "
+                                                 "Ray's object store: at real sizes one image is MiBs).")
+
+
+class FeatureCache:
+    """LRU of feature references by (model, image digest), bounded in entries and in bytes."""
+
+    def __init__(self, max_entries: int, max_bytes: int):
+        self.entries: OrderedDict[tuple[str, str], tuple[object, int]] = OrderedDict()
+        self.max_entries, self.max_bytes, self.bytes = max_entries, max_bytes, 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def get(self, key):
+        if key not in self.entries:
+            return None
+        self.entries.move_to_end(key)
+        return self.entries[key][0]
+
+    def put(self, key, value, nbytes: int) -> None:
+        if key in self.entries:
+            self.bytes -= self.entries.pop(key)[1]
+        if nbytes > self.max_bytes or self.max_entries == 0:
+            return  # larger than the whole cache: not kept
+        self.entries[key] = (value, nbytes)
+        self.bytes += nbytes
+        self._evict()
+
+    def configure(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._evict()
+
+    def _evict(self) -> None:
+        while self.entries and (len(self.entries) > self.max_entries or self.bytes > self.max_bytes):
+            self.bytes -= self.entries.popitem(last=False)[1][1]
+
+
+def feature_bytes(feat) -> int:
+    """Bytes of one image's features: the merged embeddings and every DeepStack level."""
+    return sum(t.numel() * t.element_size() for t in [feat.embeds, *feat.deepstack])
 
 
 class VisionEncoder:
@@ -33,14 +76,15 @@ class VisionEncoder:
         self.towers = {role: make_engine(config, role, language=False) for role in ROLES}
         for tower in self.towers.values():
             tower.warm_up()
-        self.cache: OrderedDict[tuple[str, str], ray.ObjectRef] = OrderedDict()
         self.settings = VisionConfig()
+        self.cache = FeatureCache(self.settings.feature_cache_size, self.settings.feature_cache_bytes)
         self.encoded: dict[str, int] = {role: 0 for role in self.towers}
         self.cache_hits = 0
         self.batch_sizes: deque[int] = deque(maxlen=4096)  # the most recent batches: replicas live for weeks
 
     def reconfigure(self, user_config: dict) -> None:
         self.settings = VisionConfig.model_validate(user_config or {})
+        self.cache.configure(self.settings.feature_cache_size, self.settings.feature_cache_bytes)
         self._encode_batch.set_max_batch_size(self.settings.max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(self.settings.batch_wait_timeout_s)
 
@@ -57,9 +101,9 @@ class VisionEncoder:
             wanted = {d: b for (images, r), ds in zip(calls, digests) if r == role for d, b in zip(ds, images)}
             missing = {}
             for digest, data in wanted.items():
-                if (role, digest) in self.cache:
-                    found[role, digest] = self.cache[role, digest]
-                    self.cache.move_to_end((role, digest))
+                ref = self.cache.get((role, digest))
+                if ref is not None:
+                    found[role, digest] = ref
                     self.cache_hits += 1
                 else:
                     missing[digest] = data
@@ -68,15 +112,8 @@ class VisionEncoder:
                 self.encoded[role] += len(feats)
                 for digest, feat in zip(missing, feats):
                     found[role, digest] = ray.put(feat)
-                    self._remember((role, digest), found[role, digest])
+                    self.cache.put((role, digest), found[role, digest], feature_bytes(feat))
         return [[found[role, d] for d in ds] for (_, role), ds in zip(calls, digests)]
-
-    def _remember(self, key, ref: ray.ObjectRef) -> None:
-        if self.settings.feature_cache_size == 0:
-            return
-        self.cache[key] = ref
-        while len(self.cache) > self.settings.feature_cache_size:
-            self.cache.popitem(last=False)
 
     async def check_health(self) -> None:
         """Serve's periodic probe (raising restarts the replica): each tower's device still computes."""
@@ -86,4 +123,4 @@ class VisionEncoder:
     def stats(self) -> dict:
         return {"pid": os.getpid(), "encoded": dict(self.encoded), "batch_sizes": list(self.batch_sizes),
                 "cache_hits": self.cache_hits,
-                "cached": len(self.cache), **self.settings.model_dump()}
+                "cached": len(self.cache), "cached_bytes": self.cache.bytes, **self.settings.model_dump()}
