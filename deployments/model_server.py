@@ -18,6 +18,7 @@ import ray
 from tandem.config import TandemConfig
 from tandem.engines import make_engine
 from tandem.engines.decoding import collect
+from tandem.errors import FeaturesLost
 from tandem.schemas import GenerationOutput, GenerationRequest, TokenDelta
 
 
@@ -46,7 +47,11 @@ class ModelServer:
         """`request.images` may hold ObjectRefs from the VisionEncoder; they are fetched here, from
         the object store, so features never pass through the router."""
         if any(isinstance(f, ray.ObjectRef) for f in request.images):
-            request.images = list(await asyncio.gather(*request.images))
+            try:
+                request.images = list(await asyncio.gather(*request.images))
+            except ray.exceptions.ObjectLostError as err:  # OwnerDiedError among them: the encoder is gone
+                raise FeaturesLost(f"image features for model '{self.role}' are lost ({type(err).__name__}); "
+                                   "their VisionEncoder replica is gone") from None
         events = self.engine.stream(request)
         try:
             async for event in events:

@@ -41,6 +41,13 @@ class Overloaded(TandemError):
     status, error_type = 503, "overloaded_error"
 
 
+class FeaturesLost(TandemError):
+    """A model server could not fetch a request's image features: their owner, a VisionEncoder
+    replica, is gone (scaled down or died). The pipeline encodes them again, once."""
+
+    status, error_type = 503, "service_unavailable_error"
+
+
 class StageTimeout(TandemError):
     status, error_type = 504, "timeout_error"
 

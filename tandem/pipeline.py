@@ -16,6 +16,7 @@ confidence above its threshold) has nothing left to stream: the caller sends it 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Awaitable, Callable
 
 from tandem import prompts
 from tandem.config import POLICY_NAMES, TandemConfig
-from tandem.errors import NotFound, StageTimeout
+from tandem.errors import FeaturesLost, NotFound, StageTimeout
 from tandem.policies import ROLES_ALWAYS_USED, decide_confidence, decide_mutual, decide_random
 from tandem.schemas import (AskRequest, Decision, GenerationOutput, GenerationRequest, ImageFeatures,
                             SamplingParams, TandemResult)
@@ -127,6 +128,8 @@ class _Run:
                 return await asyncio.wait_for(call, timeout)
             except asyncio.TimeoutError:
                 raise StageTimeout(f"stage '{stage}' exceeded its {timeout} s deadline", param=stage) from None
+        except FeaturesLost:
+            raise  # generate() encodes again and retries, once
         except Exception as err:
             if role == "small":
                 raise _SmallFailed(stage) from err
@@ -156,16 +159,26 @@ class _Run:
     async def generate(self, stage: str, role: str, prompt: str, max_tokens: int,
                        stop: tuple[str, ...] = (), attend_to: str | None = None,
                        sink: TextSink | None = None, logprobs: bool = False) -> GenerationOutput:
-        feats = await self.features(role)
         # A request's temperature applies to every stage; without one, answers are greedy and a
         # reasoning samples as its model's generation_config says.
         temperature = self.req.temperature
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature or 0.0, stop=stop, logprobs=logprobs,
                                   model_defaults=temperature is None and stage.endswith("_reasoning"))
-        request = GenerationRequest(prompt=prompt, images=feats, request_id=self.req.request_id, attend_to=attend_to,
-                                    sampling=sampling)
         start = self.p.clock()
-        out = await self._call(stage, role, getattr(self.p.stages, role)(request, sink))
+        for attempt in (1, 2):
+            request = GenerationRequest(prompt=prompt, images=await self.features(role), attend_to=attend_to,
+                                        request_id=self.req.request_id, sampling=dataclasses.replace(sampling))
+            try:
+                out = await self._call(stage, role, getattr(self.p.stages, role)(request, sink))
+                break
+            except FeaturesLost as err:
+                # The features' owner is gone (a VisionEncoder replica scaled down or died): the
+                # images are encoded again, by a live replica, and the stage runs again, once.
+                self._features.pop(role, None)
+                if attempt == 2:
+                    if role == "small":
+                        raise _SmallFailed(stage) from err
+                    raise
         self.latency_ms[stage] = (self.p.clock() - start) * 1000
         self.tokens[stage] = out.completion_tokens
         self.prompt_tokens += out.prompt_tokens

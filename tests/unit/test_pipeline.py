@@ -8,7 +8,7 @@ import pytest
 
 from tandem.config import TandemConfig, load_tandem_config
 from tandem.engines.fake import FakeEngine
-from tandem.errors import NotFound
+from tandem.errors import FeaturesLost, NotFound
 from tandem.local import local_stages
 from tandem.pipeline import Pipeline, Stages
 from tandem.prompts import TRANSFER_HEADER
@@ -221,7 +221,8 @@ async def test_a_slow_stage_times_out_naming_the_stage():
     cfg = load_tandem_config({"limits": {"stage_timeout_s": 0.05}, "policy": {"on_small_failure": "fail"}})
     engines = {"small": FakeEngine("small", rule("A")), "large": FakeEngine("large", rule("B"), delay_s=0.5)}
     with pytest.raises(StageTimeout, match="stage 'large_direct' exceeded") as err:
-        await ask(Pipeline(cfg, local_stages(engines)), "large")
+        # No image: on a loaded machine encoding alone can outlast a 50 ms deadline and be named instead.
+        await ask(Pipeline(cfg, local_stages(engines)), "large", images=[])
     assert err.value.status == 504
 
 
@@ -257,3 +258,33 @@ async def test_reasoning_samples_as_its_model_says_unless_the_request_sets_a_tem
         assert all(not s.model_defaults and s.temperature == 0 for s in answers)
     else:  # the request's temperature, on every stage
         assert all(not s.model_defaults and s.temperature == 0.3 for s in reasoning + answers)
+
+
+def _losing(stages: Stages, role: str, times: int) -> tuple[Stages, list]:
+    """`role`'s stage fails `times` times as a model server does when the features' owner is gone."""
+    calls = []
+    inner = getattr(stages, role)
+
+    async def generate(request, sink=None):
+        calls.append(request.images)
+        if len(calls) <= times:
+            raise FeaturesLost("image features are lost (OwnerDiedError)")
+        return await inner(request, sink)
+    return Stages(encode=stages.encode, **{r: generate if r == role else getattr(stages, r) for r in ("small", "large")}), calls
+
+
+async def test_lost_features_are_encoded_again_once_and_the_stage_retried():
+    pipeline, eng = make(small="A", large="A")
+    pipeline.stages, calls = _losing(pipeline.stages, "large", times=1)
+    result = await ask(pipeline, "large")
+    assert result.answer == "A" and len(calls) == 2
+    assert result.images_encoded["large"] == 2 * len(IMAGES)  # encoded again for the retry
+    assert calls[0] is not calls[1]                           # the retry carries the new features
+
+
+async def test_features_lost_twice_fail_the_request_with_a_503():
+    pipeline, _ = make(small="A", large="A")
+    pipeline.stages, calls = _losing(pipeline.stages, "large", times=2)
+    with pytest.raises(FeaturesLost) as err:
+        await ask(pipeline, "large")
+    assert err.value.status == 503 and len(calls) == 2
