@@ -10,8 +10,8 @@ take none; among plans with as many GPUs, fewer Routers win). The search:
    request for its whole life, enough slots for the rate times an unloaded request's latency;
 2. grow: simulate, and while the p95 misses the SLO or more than `--max-rejection` of requests are
    rejected, add replicas to the pool whose calls wait longest (in steps of ~10 %);
-3. trim: for each pool, most GPUs per replica first, remove replicas one at a time while the plan
-   still meets both.
+3. trim: for each pool, most GPUs per replica first, remove replicas (steps of ~10 %, halved on a
+   miss, down to one) while the plan still meets both.
 Every simulation uses the same seed and arrivals, so two plans are compared on the same traffic.
 Writes a serve-config overlay (`num_replicas` per deployment; `--base` merges it into a whole
 config). `--sanity` also simulates the plan with one replica fewer in its busiest GPU pool (it should
@@ -108,23 +108,27 @@ class Planner:
             if self.meets(result):
                 break
             worst = self.bottleneck(result)
-            replicas[worst] += max(1, round(replicas[worst] * 0.1))
+            grown = replicas[worst] + max(1, round(replicas[worst] * 0.1))
+            if worst == "Router" and result["completed"]:
+                # Little's law on what was measured: slots for the rate times the mean latency, +25 %.
+                need = rate * result["mean_ms"] / 1000 * 1.25 / self.settings["Router"].max_ongoing
+                grown = max(grown, math.ceil(need))
+            replicas[worst] = grown
             result = self.evaluate(replicas, rate)
         else:
             raise RuntimeError(f"no plan meets p95 {self.p95_ms} ms within {max_iterations} steps; last "
                                f"{self._label(replicas)}: p95 {result['p95_ms']} ms")
-        # Trim: dearest replicas first, one at a time, keeping the SLO.
-        order = sorted(POOLS, key=lambda n: -self.settings[n].gpus_per_replica)
-        trimmed = True
-        while trimmed:
-            trimmed = False
-            for name in order:
-                if replicas[name] <= 1:
-                    continue
-                fewer = {**replicas, name: replicas[name] - 1}
+        # Trim: dearest replicas first, in steps of ~10 % halved on each miss down to one replica,
+        # keeping the SLO: the plan ends where one replica fewer in any pool misses.
+        for name in sorted(POOLS, key=lambda n: -self.settings[n].gpus_per_replica):
+            step = max(1, replicas[name] // 10)
+            while step >= 1 and replicas[name] > 1:
+                fewer = {**replicas, name: max(1, replicas[name] - step)}
                 r = self.evaluate(fewer, rate)
                 if self.meets(r):
-                    replicas, result, trimmed = fewer, r, True
+                    replicas, result = fewer, r
+                else:
+                    step //= 2
         return replicas, result
 
 
@@ -153,7 +157,7 @@ def main(argv=None) -> int:
     p.add_argument("--p95-ms", type=float, required=True, help="the p95 latency SLO")
     p.add_argument("--max-rejection", type=float, default=0.001, help="largest share of 503s allowed")
     p.add_argument("--duration-s", type=float, default=None,
-                   help="simulated seconds per candidate (default: 30, or 12 slowest-path latencies if longer)")
+                   help="simulated seconds per candidate (default: 30, or 8 slowest-path latencies if longer)")
     p.add_argument("--out", help="write the plan as a serve-config overlay (YAML)")
     p.add_argument("--base", help="with --out: merge into this serve config instead (a whole config)")
     p.add_argument("--sanity", action="store_true", help="also: one GPU fewer in the busiest pool; twice the rate")
@@ -161,7 +165,7 @@ def main(argv=None) -> int:
     profile = Profile.load(args.profile)
     workload = workload_for(args, profile)
     settings = settings_for(args)
-    duration = args.duration_s or max(30.0, 12 * workload.unloaded_s(profile))
+    duration = args.duration_s or max(30.0, 8 * workload.unloaded_s(profile))
     print(f"profile {args.profile} ({profile.source.get('device', '?')}); workload: {workload.describe()}")
     planner = Planner(profile, workload, settings, p95_ms=args.p95_ms, max_rejection=args.max_rejection,
                       duration_s=duration, seed=args.seed, host_cores=args.host_cores)

@@ -520,7 +520,7 @@ class Simulation:
         return {"benchmark": "simulate", "rate_rps": rate, "concurrency": concurrency, "duration_s": duration_s,
                 "replicas": {n: len(p.replicas) for n, p in self.pools.items()}, "gpus": gpus,
                 "throughput_rps": round(done / window, 2) if window > 0 else math.nan,
-                "p50_ms": round(percentile(lat, 50), 2), "p95_ms": round(percentile(lat, 95), 2),
+                "mean_ms": round(sum(lat) / len(lat), 2) if lat else math.nan, "p50_ms": round(percentile(lat, 50), 2), "p95_ms": round(percentile(lat, 95), 2),
                 "p99_ms": round(percentile(lat, 99), 2), "completed": len(lat), "rejected": rejected,
                 "rejection_rate": round(rejected / arrived, 4) if arrived else 0.0,
                 "paths": paths, "pools": pools, "wall_s": round(wall_s, 2)}
