@@ -136,7 +136,8 @@ def main(argv=None) -> int:
     with LocalApps() as app:
         print(f"sim_check: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; app {app.url}")
         profile_dict = build_profile(config, QUICK if args.quick else FULL, url=app.url,
-                                     app_requests=20 if args.quick else 60)
+                                     app_requests=20 if args.quick else 60,
+                                     vision_wait_s=settings["VisionEncoder"].batch_wait_s)
         print_profile(profile_dict)
         loads = [("closed", int(c)) for c in args.concurrency.split(",")]
         for kind, load in loads:

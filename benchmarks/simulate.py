@@ -21,8 +21,10 @@ What is modelled, as the app does it (DESIGN §13):
   steps. Open-loop Poisson arrivals at any rate, or a closed loop of N clients (to check against a
   load test).
 
-`--host-cores N` models replicas that share N CPU cores (the local CPU app): a batch or step that starts
-while k replicas compute runs max(1, k / N) times slower. On GPU pools leave it unset: each replica
+`--host-cores N` models replicas that share N CPU cores (the local CPU app): a batch, a step, a call's
+overhead or a Router's work that starts while k activities compute runs max(1, k / N) times slower.
+A profile measured on a served app also carries each stage call's overhead beyond the model's work
+(`calls`: the handle's RPC, the features' fetch, the stream), added before the call reaches its pool. On GPU pools leave it unset: each replica
 owns its device. What is not modelled: the network and object-store transfer of features, the
 feature cache, autoscaling (pools are fixed), stop strings ending a row early (steps are counts).
 
@@ -87,6 +89,9 @@ class Profile:
     step: dict[str, Curve]      # role -> ms for one decode step of n rows
     workload: dict = field(default_factory=dict)  # the path mix measured with the profile, if any
     source: dict = field(default_factory=dict)
+    # What each stage call costs beyond its model's work (the handle's RPC, fetching features from
+    # the object store, the stream's messages): measured on a served app, 0 where unknown.
+    call_ms: dict = field(default_factory=lambda: {"encode": 0.0, "generate": 0.0})
 
     @classmethod
     def from_dict(cls, d: dict) -> Profile:
@@ -98,7 +103,8 @@ class Profile:
                    prefill={r: Curve([(p["batch"] * p["prompt_tokens"], p["ms"]) for p in gens[r]["prefill"]])
                             for r in ROLES},
                    step={r: Curve([(p["batch"], p["ms"]) for p in gens[r]["step"]]) for r in ROLES},
-                   workload=d.get("workload", {}), source=d.get("source", {}))
+                   workload=d.get("workload", {}), source=d.get("source", {}),
+                   call_ms={"encode": 0.0, "generate": 0.0, **d.get("calls", {})})
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -112,7 +118,8 @@ class Profile:
                        vision={r: scale(c, factors.get("vision", 1.0)) for r, c in self.vision.items()},
                        prefill={r: scale(c, factors.get(r, 1.0)) for r, c in self.prefill.items()},
                        step={r: scale(c, factors.get(r, 1.0)) for r, c in self.step.items()},
-                       workload=self.workload, source={**self.source, "scaled": factors})
+                       workload=self.workload, source={**self.source, "scaled": factors},
+                       call_ms={k: v * factors.get("router", 1.0) for k, v in self.call_ms.items()})
 
 
 # --- the workload -----------------------------------------------------------------------------------
@@ -172,8 +179,8 @@ class Workload:
         pipeline is; `mean`: the paths' latencies weighted by their shares instead."""
         def call_ms(c: Call) -> float:
             if c.kind == "vision":
-                return profile.vision[c.role](self.images)
-            return profile.prefill[c.role](c.prompt_tokens) + c.steps * profile.step[c.role](1)
+                return profile.call_ms["encode"] + profile.vision[c.role](self.images)
+            return profile.call_ms["generate"] + profile.prefill[c.role](c.prompt_tokens) + c.steps * profile.step[c.role](1)
         paths = [(share, profile.router_ms + sum(max(call_ms(c) for c in phase) for phase in phases))
                  for _, share, phases in self.paths if share > 0]
         if mean:
@@ -328,10 +335,11 @@ class Simulation:
         now = self.env.now
         if pool.name == "Router":  # job is the request itself: the Router's CPU, one request at a time
             start = max(now, replica.busy_until)
-            replica.busy_until = start + self.profile.router_ms / 1000
-            replica.compute_s += self.profile.router_ms / 1000
+            seconds = self.profile.router_ms / 1000 * self._slowdown(1)
+            replica.busy_until = start + seconds
+            replica.compute_s += seconds
             pool.queue_s.append(start - job.arrived)
-            self.env.timeout(replica.busy_until - now).callbacks.append(lambda _e, r=job: self._next_phase(r))
+            self._cpu_while(start - now, seconds, lambda r=job: self._next_phase(r))
             return
         replica.queue.append(job)
         if replica.wake is not None and not replica.wake.triggered:
@@ -350,11 +358,40 @@ class Simulation:
         req.pending = 0
         for call in calls:
             for _ in range(self.workload.images if call.kind == "vision" else 1):
-                pool = self.pools["VisionEncoder" if call.kind == "vision" else GENERATORS[call.role]]
                 req.pending += 1
-                if not pool.submit(_Job(req, call, self.env.now)):
-                    self._finish(req, rejected=True)
+                overhead = self.profile.call_ms["encode" if call.kind == "vision" else "generate"] / 1000
+                if overhead:  # the call's RPC and feature fetch come before the replica sees it
+                    self._cpu_while(0.0, overhead * self._slowdown(1), lambda c=call: self._submit(req, c))
+                elif not self._submit(req, call):
                     return
+
+    def _submit(self, req: _Request, call: Call) -> bool:
+        if req.failed:
+            return False
+        pool = self.pools["VisionEncoder" if call.kind == "vision" else GENERATORS[call.role]]
+        if not pool.submit(_Job(req, call, self.env.now)):
+            self._finish(req, rejected=True)
+            return False
+        return True
+
+    def _slowdown(self, extra: int = 0) -> float:
+        """How much slower work runs now that `extra` more activities compute on the shared cores."""
+        return max(1.0, (self.computing + extra) / self.host_cores) if self.host_cores else 1.0
+
+    def _cpu_while(self, delay_s: float, seconds: float, then) -> None:
+        """`then()` after `delay_s` of waiting and `seconds` of CPU, counted among the computing
+        activities (the shared cores' load) while it runs."""
+        def start(_e=None):
+            self.computing += 1
+            self.env.timeout(seconds).callbacks.append(finish)
+
+        def finish(_e):
+            self.computing -= 1
+            then()
+        if delay_s > 0:
+            self.env.timeout(delay_s).callbacks.append(start)
+        else:
+            start()
 
     def _job_done(self, job: _Job) -> None:
         job.replica.pool.release(job.replica)
@@ -384,8 +421,7 @@ class Simulation:
     def _compute(self, replica: _Replica, ms: float):
         """A timeout for `ms` of work, slowed while more replicas compute than the host has cores."""
         self.computing += 1
-        slow = max(1.0, self.computing / self.host_cores) if self.host_cores else 1.0
-        seconds = ms / 1000 * slow
+        seconds = ms / 1000 * self._slowdown()
         replica.compute_s += seconds
         return seconds
 

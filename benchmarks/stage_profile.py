@@ -15,9 +15,10 @@ lengths), so the counts are exact. Each point is the median of `repeats` runs af
 
 With `--url` (a running Tandem, e.g. the local app) it also measures what only the served app shows:
 `router.ms`, the cost a request pays outside the pipeline's stages (proxy, parsing, response: client
-latency minus the trace's total, median at concurrency 1), and `workload`: `tandem:mutual` on held-out
-grid items — the transfer share and each stage's prompt tokens and decode steps, as the trace reports
-them. Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
+latency minus the trace's total, median at concurrency 1), `calls`, each stage call's cost beyond its
+model's work (a generate stage's latency less the model server's queue and decode time; an encode
+stage's less the batch wait and the towers' time), and `workload`: `tandem:mutual` on held-out grid
+items — the transfer share and each stage's prompt tokens and decode steps, as the trace reports them. Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
 
 The same JSON comes from a GPU (`--device cuda` with a config naming real-size models, e.g.
 `random:qwen3-vl-8b`), so a GPU run gives a GPU profile. Where no GPU is at hand, `--estimate L40S`
@@ -185,7 +186,7 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict]:
 
     from benchmarks.grid import grid_items
 
-    overhead, paths, stages = [], [], {}
+    overhead, paths, stages, calls = [], [], {}, {"encode": [], "generate": []}
     with httpx.Client(timeout=120) as http:
         for item in grid_items(n, seed=seed + 7):
             body = {"model": "tandem:mutual", "messages": [{"role": "user", "content": [
@@ -196,29 +197,39 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict]:
             client_ms = (time.perf_counter() - start) * 1000
             r.raise_for_status()
             trace = r.json()["tandem"]
-            overhead.append(client_ms - trace["latency_ms"]["total"])
+            lat = trace["latency_ms"]
+            overhead.append(client_ms - lat["total"])
             paths.append(trace["path"])
             for name, s in trace.get("stages", {}).items():
                 stages.setdefault(name, []).append((s["prompt_tokens"], s["decode_steps"]))
+                # the call's time beyond the model server's own (queue, batch wait, prefill, decode)
+                calls["generate"].append(lat[name] - s["queue_ms"] - s["decode_ms"])
+            calls["encode"] += [lat[k] for k in ("encode_small", "encode_large") if k in lat]
     workload = {"policy": "mutual", "requests": n, "images": 1,
                 "transfer_rate": round(paths.count("transfer") / n, 4),
                 "stages": {name: {"prompt_tokens": round(statistics.mean(p for p, _ in v), 1),
                                   "decode_steps": round(statistics.mean(s for _, s in v), 2), "n": len(v)}
                            for name, v in sorted(stages.items())}}
-    return round(statistics.median(overhead), 3), workload
+    return round(statistics.median(overhead), 3), workload, {k: statistics.median(v) for k, v in calls.items() if v}
 
 
 def build_profile(config, grid: dict, *, url: str | None = None, router_ms: float = 1.0, app_requests: int = 40,
-                  bar=None) -> dict:
+                  vision_wait_s: float = 0.005, bar=None) -> dict:
     from benchmarks.grid import grid_items
     from benchmarks.simulate import PROFILE_KIND
 
     item = grid_items(1, seed=0)[0]
     started = time.time()
     measured = profile_engines(config, grid, item.image, item.prompt(), bar)
-    workload = {}
+    workload, calls = {}, {}
     if url:
-        router_ms, workload = measure_app(url, app_requests)
+        router_ms, workload, medians = measure_app(url, app_requests)
+        calls = {"generate": round(max(0.0, medians.get("generate", 0.0)), 3)}
+        if "encode" in medians:
+            # One request's two encode calls batch together (each model's tower on its image) after
+            # the batch wait: what remains of an encode stage's latency is the call's overhead.
+            both = sum(next(q["ms"] for q in measured["vision"][r] if q["images"] == 1) for r in ("small", "large"))
+            calls["encode"] = round(max(0.0, medians["encode"] - vision_wait_s * 1000 - both), 3)
     import torch
     source = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.processor() or platform.machine(),
               "cores": os.cpu_count(), "device": config.large.device, "dtype": config.large.dtype,
@@ -226,11 +237,12 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
               "models": {"small": config.small.model, "large": config.large.model},
               "grid": grid, "app": url, "wall_s": round(time.time() - started, 1)}
     return {"kind": PROFILE_KIND, "version": 1, "source": source, "router": {"ms": router_ms},
-            **measured, **({"workload": workload} if workload else {})}
+            **measured, **({"workload": workload, "calls": calls} if workload else {})}
 
 
 def print_profile(p: dict) -> None:
-    print(f"router: {p['router']['ms']:.2f} ms per request")
+    print(f"router: {p['router']['ms']:.2f} ms per request" + "".join(
+        f"; {k} call overhead {v:.2f} ms" for k, v in p.get("calls", {}).items()))
     for role, pts in p["vision"].items():
         print(f"vision {role:<5}: " + "  ".join(f"{q['images']}img={q['ms']:.1f}ms" for q in pts))
     for role, g in p["generators"].items():

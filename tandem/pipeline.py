@@ -164,9 +164,11 @@ class _Run:
         temperature = self.req.temperature
         sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature or 0.0, stop=stop, logprobs=logprobs,
                                   model_defaults=temperature is None and stage.endswith("_reasoning"))
-        start = self.p.clock()
+        start = None
         for attempt in (1, 2):
-            request = GenerationRequest(prompt=prompt, images=await self.features(role), attend_to=attend_to,
+            feats = await self.features(role)
+            start = start or self.p.clock()  # the stage's time starts once its features are there
+            request = GenerationRequest(prompt=prompt, images=feats, attend_to=attend_to,
                                         request_id=self.req.request_id, sampling=dataclasses.replace(sampling))
             try:
                 out = await self._call(stage, role, getattr(self.p.stages, role)(request, sink))
