@@ -67,8 +67,9 @@ class FeatureCache:
 
 
 def feature_bytes(feat) -> int:
-    """Bytes of one image's features: the merged embeddings and every DeepStack level."""
-    return sum(t.numel() * t.element_size() for t in [feat.embeds, *feat.deepstack])
+    """Bytes of one image's features: the merged embeddings and every DeepStack level (tensors; the
+    fake engine's stand-ins count as nothing)."""
+    return sum(t.numel() * t.element_size() for t in [feat.embeds, *feat.deepstack] if hasattr(t, "element_size"))
 
 
 class VisionEncoder:
