@@ -60,6 +60,12 @@ def _partial_class(cls, *, vision: bool, language: bool):
     return Partial
 
 
+def device_placement(device: str) -> dict:
+    """How from_pretrained places the weights: "auto" spreads layers over every GPU the replica was
+    given (accelerate); a GPU gets each tensor as it is read, never a whole copy in host memory."""
+    return {} if device == "cpu" else {"device_map": device}
+
+
 def load_parts(path: str, config: ModelConfig, *, vision: bool = True, language: bool = True, **placement):
     """The checkpoint's vision tower, its decoder, or both, read straight from its files: a vision
     encoder never holds the 8B decoder in host memory, a model server never the tower (the peak of a
@@ -114,11 +120,9 @@ class TransformersEngine:
         path = resolve_model_ref(config.model)
         self.processor = load_processor(path, trust_remote_code=config.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
-        # device "auto": accelerate spreads the layers over every GPU this replica was given.
-        placement = {"device_map": "auto"} if config.device == "auto" else {}
-        model = load_parts(path, config, vision=vision, language=language, **placement)
-        self.model = (model if placement else model.to(config.device)).eval()
-        self.device = self.model.device if placement else torch.device(config.device)
+        model = load_parts(path, config, vision=vision, language=language, **device_placement(config.device))
+        self.model = model.to(config.device).eval() if config.device == "cpu" else model.eval()
+        self.device = torch.device("cpu") if config.device == "cpu" else self.model.device
         self.image_token_id = self.processor.image_token_id
         self.merge_size = self.processor.image_processor.merge_size
         self.stop_token_ids = self._stop_token_ids()

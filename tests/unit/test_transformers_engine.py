@@ -314,3 +314,26 @@ def test_reasoning_takes_the_checkpoints_sampling_and_sampling_honours_top_k_and
     assert {_sample(logits, SamplingParams(temperature=5.0, top_p=0.01)) for _ in range(50)} == {1}
     assert {_sample(logits, SamplingParams(temperature=5.0, top_k=2)) for _ in range(200)} == {1, 2}
     assert len({_sample(logits, SamplingParams(temperature=5.0)) for _ in range(400)}) == 4
+
+
+def test_weights_go_straight_to_their_gpu(monkeypatch):
+    """On a GPU, from_pretrained places each tensor as it reads it (device_map), so no whole copy of
+    the part is ever held in host memory first; on CPU nothing is mapped."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from tandem.checkpoints import resolve_model_ref
+    from tandem.engines.transformers_engine import device_placement, load_parts
+
+    assert device_placement("cpu") == {}
+    assert device_placement("cuda:1") == {"device_map": "cuda:1"} and device_placement("auto") == {"device_map": "auto"}
+    seen = {}
+
+    def record(cls, path, **kwargs):
+        seen.update(kwargs, cls=cls)
+        raise RuntimeError("stop before loading")
+    monkeypatch.setattr(Qwen3VLForConditionalGeneration, "from_pretrained", classmethod(record))
+    config = ModelConfig(model="trained:small", device="cuda:1", dtype="bfloat16")
+    with pytest.raises(RuntimeError, match="stop before loading"):
+        load_parts(resolve_model_ref(config.model), config, vision=False, **device_placement(config.device))
+    assert seen["device_map"] == "cuda:1" and seen["dtype"] == torch.bfloat16
+    assert issubclass(seen["cls"], Qwen3VLForConditionalGeneration)  # the decoder-only class
