@@ -24,6 +24,7 @@ import platform
 import random
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -34,61 +35,68 @@ from benchmarks.metrics import count_statuses, summarize_latencies
 IMAGES = [synthetic_png(seed) for seed in range(8)]
 
 
-OPTIONS = {"max_tokens": 8, "stream": False, "stream_reasoning": False}  # set from the command line
+@dataclass(frozen=True)
+class Shape:
+    """What every request of a run looks like (from the command line)."""
+
+    policy: str = "mutual"
+    max_tokens: int = 8
+    stream: bool = False
+    stream_reasoning: bool = False
 
 
-def body_for(i: int, policy: str) -> dict:
-    body = chat_body(policy, f"Load question {i}: what is shown?", IMAGES[i % len(IMAGES)], OPTIONS["max_tokens"])
-    if OPTIONS["stream_reasoning"]:
+def body_for(i: int, shape: Shape) -> dict:
+    body = chat_body(shape.policy, f"Load question {i}: what is shown?", IMAGES[i % len(IMAGES)], shape.max_tokens)
+    if shape.stream_reasoning:
         body["tandem"] = {"stream_reasoning": True}
     return body
 
 
-def send(http, url: str, body: dict, t0: float):
-    return (stream_chat if OPTIONS["stream"] else post_chat)(http, url, body, t0)
+def send(http, url: str, shape: Shape, i: int, t0: float):
+    return (stream_chat if shape.stream else post_chat)(http, url, body_for(i, shape), t0)
 
 
-async def closed_loop(url: str, policy: str, concurrency: int, requests: int, max_s: float) -> tuple[list, float]:
+async def closed_loop(url: str, shape: Shape, concurrency: int, requests: int, max_s: float) -> tuple[list, float]:
     counter, outcomes, start = iter(range(requests)), [], time.monotonic()
 
     async def client(http):
         for i in counter:
             if time.monotonic() - start > max_s:
                 return
-            outcomes.append(await send(http, url, body_for(i, policy), start))
+            outcomes.append(await send(http, url, shape, i, start))
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
     return outcomes, time.monotonic() - start
 
 
-async def open_loop(url: str, policy: str, rate: float, requests: int, max_s: float, seed: int) -> tuple[list, float]:
+async def open_loop(url: str, shape: Shape, rate: float, requests: int, max_s: float, seed: int) -> tuple[list, float]:
     rng, tasks, start = random.Random(seed), [], time.monotonic()
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as http:
         for i in range(requests):
             if time.monotonic() - start > max_s:
                 break
-            tasks.append(asyncio.ensure_future(send(http, url, body_for(i, policy), start)))
+            tasks.append(asyncio.ensure_future(send(http, url, shape, i, start)))
             await asyncio.sleep(rng.expovariate(rate))
         outcomes = await asyncio.gather(*tasks)
     return list(outcomes), time.monotonic() - start
 
 
-def point(kind: str, load: float, outcomes: list[Outcome], wall_s: float) -> dict:
+def point(kind: str, load: float, outcomes: list[Outcome], wall_s: float, streamed: bool = False) -> dict:
     ok = [o for o in outcomes if o.status == 200]
     stages: dict[str, list[float]] = defaultdict(list)
     for o in ok:
         for stage, ms in o.trace.get("latency_ms", {}).items():
             stages[stage].append(ms)
-    streamed = {}
-    if OPTIONS["stream"]:
+    deltas = {}
+    if streamed:
         def pct(values, name):
             got = summarize_latencies([v for v in values if v is not None])
             return {f"{name}_p50_ms": round(got.get("p50_ms", float("nan")), 1),
                     f"{name}_p95_ms": round(got.get("p95_ms", float("nan")), 1)}
-        streamed = {**pct([o.ttft_ms for o in ok], "ttft"), **pct([o.ttfc_ms for o in ok], "ttfc"),
+        deltas = {**pct([o.ttft_ms for o in ok], "ttft"), **pct([o.ttfc_ms for o in ok], "ttfc"),
                     **pct([gap for o in ok for gap in o.itl_ms], "itl")}
-    return {"kind": kind, "load": load, "requests": len(outcomes), "wall_s": round(wall_s, 2), **streamed,
+    return {"kind": kind, "load": load, "requests": len(outcomes), "wall_s": round(wall_s, 2), **deltas,
             "throughput_rps": round(len(ok) / wall_s, 3) if wall_s else 0.0,
             "output_tok_s": round(sum(o.completion_tokens for o in ok) / wall_s, 1) if wall_s else 0.0,
             **{k: round(v, 1) for k, v in summarize_latencies([o.latency_ms for o in ok]).items() if k != "n"},
@@ -124,28 +132,29 @@ def plot(points: list[dict], path: Path) -> None:
 
 
 def run(args, url: str, bare_url: str | None) -> dict:
+    shape = Shape(args.policy, args.max_tokens, args.stream, args.stream_reasoning)
     print(f"{'kind':<7} {'load':>6} {'n':>5} {'req/s':>7} {'tok/s':>8} {'p50_ms':>8} {'p95_ms':>8} {'p99_ms':>8} "
           f"{'rej':>4} {'err':>4}  mean stage ms")
     from tqdm import tqdm
 
-    asyncio.run(closed_loop(url, args.policy, 2, 4, 60))  # warm-up: connections, caches
+    asyncio.run(closed_loop(url, shape, 2, 4, 60))  # warm-up: connections, caches
     points = []
     sweep = [("closed", c) for c in args.concurrency] + [("open", r) for r in args.rates]
     with tqdm(total=len(sweep), desc="load points", disable=None, leave=False) as bar:
         for kind, value in sweep:
             if kind == "closed":
-                outcomes, wall = asyncio.run(closed_loop(url, args.policy, value, max(args.requests, value), args.max_s))
+                outcomes, wall = asyncio.run(closed_loop(url, shape, value, max(args.requests, value), args.max_s))
             else:
                 n = max(args.requests, int(value * args.open_s))
-                outcomes, wall = asyncio.run(open_loop(url, args.policy, value, n, args.open_s, args.seed))
-            points.append(point(kind, value, outcomes, wall))
+                outcomes, wall = asyncio.run(open_loop(url, shape, value, n, args.open_s, args.seed))
+            points.append(point(kind, value, outcomes, wall, shape.stream))
             bar.write(format_point(points[-1]))
             bar.update()
     bare = None
     if bare_url:
-        asyncio.run(closed_loop(bare_url, args.policy, 1, 4, 60))
-        outcomes, wall = asyncio.run(closed_loop(bare_url, args.policy, 1, args.requests, args.max_s))
-        bare = point("bare", 1, outcomes, wall)
+        asyncio.run(closed_loop(bare_url, shape, 1, 4, 60))
+        outcomes, wall = asyncio.run(closed_loop(bare_url, shape, 1, args.requests, args.max_s))
+        bare = point("bare", 1, outcomes, wall, shape.stream)
         print(format_point(bare), flush=True)
     return {"points": points, "bare": bare}
 
@@ -159,7 +168,7 @@ def summary(args, result: dict) -> dict:
            **({"stream": True, "closed_ttft_p50_ms": {str(k): p["ttft_p50_ms"] for k, p in closed.items()},
                "closed_ttft_p95_ms": {str(k): p["ttft_p95_ms"] for k, p in closed.items()},
                "closed_itl_p50_ms": {str(k): p["itl_p50_ms"] for k, p in closed.items()},
-               "closed_itl_p95_ms": {str(k): p["itl_p95_ms"] for k, p in closed.items()}} if OPTIONS["stream"] else {}),
+               "closed_itl_p95_ms": {str(k): p["itl_p95_ms"] for k, p in closed.items()}} if args.stream else {}),
            "open": [{"rate": p["load"], "rps": p["throughput_rps"], "p95_ms": p["p95_ms"], "rejected": p["rejected"],
                      "errors": p["errors"]} for p in result["points"] if p["kind"] == "open"]}
     if result["bare"] and tandem_c1:
@@ -193,7 +202,6 @@ def main(argv=None) -> int:
         args.concurrency, args.rates, args.requests, args.max_s, args.open_s = "1,4,16", "2,32", 16, 15, 6
     args.concurrency = [int(x) for x in str(args.concurrency).split(",")]
     args.rates = [float(x) for x in str(args.rates).split(",") if x]
-    OPTIONS.update(max_tokens=args.max_tokens, stream=args.stream, stream_reasoning=args.stream_reasoning)
     print(f"load: policy {args.policy}; closed {args.concurrency}; open {args.rates} req/s for {args.open_s} s; "
           f"{args.requests} requests a point; client on {platform.machine()}, {os.cpu_count()} cores (shared with "
           "the server when it starts the app itself)")

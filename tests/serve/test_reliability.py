@@ -97,7 +97,8 @@ BAD_REQUESTS = [
     ("temperature a string", _chat(temperature="warm"), 400, "temperature"),
     ("stream not a boolean", _chat(stream="yes"), 400, "stream"),
     ("text over the character limit", _msgs([{"role": "user", "content": "x" * 9000}]), 413, "characters"),
-    ("prompt over the token limit", _msgs([{"role": "user", "content": "漢" * 7000}]), 400, "tokens"),
+    # Within the 3,000-character limit, but each CJK character is several byte-level tokens: 8,997 > 4,096.
+    ("prompt over the token limit", _msgs([{"role": "user", "content": "漢" * 2999}]), 400, "tokens"),
     ("body over the limit", b"{" + b" " * (17 * 2**20) + b"}", 413, "limit"),
     ("50,000 nested arrays", b"[" * 50000 + b"]" * 50000, 400, "nests deeper than"),
     ("5,000 nested arrays in content", b'{"model": "tandem", "messages": [{"role": "user", "content": '
