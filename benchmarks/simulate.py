@@ -24,7 +24,10 @@ What is modelled, as the app does it (DESIGN §13):
 `--host-cores N` models replicas that share N CPU cores (the local CPU app): a batch, a step, a call's
 overhead or a Router's work that starts while k activities compute runs max(1, k / N) times slower.
 A profile measured on a served app also carries each stage call's overhead beyond the model's work
-(`calls`: the handle's RPC, the features' fetch, the stream), added before the call reaches its pool. On GPU pools leave it unset: each replica
+(`calls`: the handle's RPC, the features' fetch, the stream), added before the call reaches its pool,
+and the app's whole CPU per request (`cpu_ms_per_request`, every process): with shared cores, the part
+the stages do not account for (Serve's proxy and controller, the Router's handling of calls, the
+replicas' own bookkeeping) runs beside each request as load on the cores, off its critical path. On GPU pools leave it unset: each replica
 owns its device. What is not modelled: the network and object-store transfer of features, the
 feature cache, autoscaling (pools are fixed), stop strings ending a row early (steps are counts).
 
@@ -92,6 +95,9 @@ class Profile:
     # What each stage call costs beyond its model's work (the handle's RPC, fetching features from
     # the object store, the stream's messages): measured on a served app, 0 where unknown.
     call_ms: dict = field(default_factory=lambda: {"encode": 0.0, "generate": 0.0})
+    # Every process's CPU per request on a served app (Router, replicas, proxy, controller, client):
+    # with shared cores, what the stages above do not account for is charged as parallel load.
+    cpu_ms_per_request: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict) -> Profile:
@@ -104,7 +110,8 @@ class Profile:
                             for r in ROLES},
                    step={r: Curve([(p["batch"], p["ms"]) for p in gens[r]["step"]]) for r in ROLES},
                    workload=d.get("workload", {}), source=d.get("source", {}),
-                   call_ms={"encode": 0.0, "generate": 0.0, **d.get("calls", {})})
+                   call_ms={"encode": 0.0, "generate": 0.0, **d.get("calls", {})},
+                   cpu_ms_per_request=float(sum(d.get("cpu_ms_per_request", {}).values())))
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -322,6 +329,7 @@ class Simulation:
             total += share
             self._cum.append(total)
         self.on_done = None  # closed loop: called with each finished or rejected request
+        self._unaccounted_s = 0.0
 
     # -- requests --------------------------------------------------------------------------------
     def arrive(self) -> None:
@@ -330,6 +338,25 @@ class Simulation:
         req = _Request(self.env.now, name, phases)
         if not self.pools["Router"].submit(req):
             self._finish(req, rejected=True)
+        elif self._unaccounted_s:  # the rest of the request's measured CPU, beside its critical path
+            self._cpu_while(0.0, self._unaccounted_s * self._slowdown(1), lambda: None)
+
+    def _unaccounted_cpu_s(self) -> float:
+        """With shared cores and a measured CPU per request: that CPU less what the simulation charges
+        a request on its own (Router, call overheads, model work at batch 1), per path share."""
+        p = self.profile
+        if not (self.host_cores and p.cpu_ms_per_request):
+            return 0.0
+        charged = p.router_ms
+        for _, share, phases in self.workload.paths:
+            for phase in phases:
+                for c in phase:
+                    if c.kind == "vision":
+                        charged += share * self.workload.images * (p.call_ms["encode"] + p.vision[c.role](1))
+                    else:
+                        charged += share * (p.call_ms["generate"] + p.prefill[c.role](c.prompt_tokens)
+                                            + c.steps * p.step[c.role](1))
+        return max(0.0, p.cpu_ms_per_request - charged) / 1000
 
     def on_assigned(self, pool: _Pool, job, replica: _Replica) -> None:
         now = self.env.now
@@ -511,6 +538,7 @@ class Simulation:
         last counted requests finish and their latencies count."""
         if (rate is None) == (concurrency is None):
             raise ValueError("give either rate or concurrency")
+        self._unaccounted_s = self._unaccounted_cpu_s()
         # Default warm-up: a tenth of the run, or three of the slowest path's unloaded latencies if
         # that is longer (slots held by long reasoning fill for that long), at most half the run.
         deep = 3 * self.workload.unloaded_s(self.profile)

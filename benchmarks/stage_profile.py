@@ -18,7 +18,9 @@ With `--url` (a running Tandem, e.g. the local app) it also measures what only t
 latency minus the trace's total, median at concurrency 1), `calls`, each stage call's cost beyond its
 model's work (a generate stage's latency less the model server's queue and decode time; an encode
 stage's less the batch wait and the towers' time), and `workload`: `tandem:mutual` on held-out grid
-items — the transfer share and each stage's prompt tokens and decode steps, as the trace reports them. Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
+items — the transfer share and each stage's prompt tokens and decode steps, as the trace reports them —
+and, when the app runs on this machine, `cpu_ms_per_request`: every one of its processes' CPU time
+per request over those requests (benchmarks/cpu_per_request.py). Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
 
 The same JSON comes from a GPU (`--device cuda` with a config naming real-size models, e.g.
 `random:qwen3-vl-8b`), so a GPU run gives a GPU profile. Where no GPU is at hand, `--estimate L40S`
@@ -186,7 +188,11 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict]:
 
     from benchmarks.grid import grid_items
 
+    from benchmarks.cpu_per_request import app_processes, cpu_seconds
+
     overhead, paths, stages, calls = [], [], {}, {"encode": [], "generate": []}
+    processes = app_processes()  # the app's processes on this machine (none for a remote URL)
+    cpu_before = cpu_seconds(processes)
     with httpx.Client(timeout=120) as http:
         for item in grid_items(n, seed=seed + 7):
             body = {"model": "tandem:mutual", "messages": [{"role": "user", "content": [
@@ -205,12 +211,15 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict]:
                 # the call's time beyond the model server's own (queue, batch wait, prefill, decode)
                 calls["generate"].append(lat[name] - s["queue_ms"] - s["decode_ms"])
             calls["encode"] += [lat[k] for k in ("encode_small", "encode_large") if k in lat]
+    cpu_after = cpu_seconds(processes)
+    cpu = {k: round((cpu_after[k] - cpu_before[k]) / n * 1000, 2) for k in cpu_before}
     workload = {"policy": "mutual", "requests": n, "images": 1,
                 "transfer_rate": round(paths.count("transfer") / n, 4),
                 "stages": {name: {"prompt_tokens": round(statistics.mean(p for p, _ in v), 1),
                                   "decode_steps": round(statistics.mean(s for _, s in v), 2), "n": len(v)}
                            for name, v in sorted(stages.items())}}
-    return round(statistics.median(overhead), 3), workload, {k: statistics.median(v) for k, v in calls.items() if v}
+    medians = {k: statistics.median(v) for k, v in calls.items() if v}
+    return round(statistics.median(overhead), 3), workload, medians, cpu
 
 
 def build_profile(config, grid: dict, *, url: str | None = None, router_ms: float = 1.0, app_requests: int = 40,
@@ -221,9 +230,9 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
     item = grid_items(1, seed=0)[0]
     started = time.time()
     measured = profile_engines(config, grid, item.image, item.prompt(), bar)
-    workload, calls = {}, {}
+    workload, calls, cpu = {}, {}, {}
     if url:
-        router_ms, workload, medians = measure_app(url, app_requests)
+        router_ms, workload, medians, cpu = measure_app(url, app_requests)
         calls = {"generate": round(max(0.0, medians.get("generate", 0.0)), 3)}
         if "encode" in medians:
             # One request's two encode calls batch together (each model's tower on its image) after
@@ -237,7 +246,8 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
               "models": {"small": config.small.model, "large": config.large.model},
               "grid": grid, "app": url, "wall_s": round(time.time() - started, 1)}
     return {"kind": PROFILE_KIND, "version": 1, "source": source, "router": {"ms": router_ms},
-            **measured, **({"workload": workload, "calls": calls} if workload else {})}
+            **measured, **({"workload": workload, "calls": calls} if workload else {}),
+            **({"cpu_ms_per_request": cpu} if len(cpu) > 1 else {})}
 
 
 def print_profile(p: dict) -> None:
@@ -249,6 +259,10 @@ def print_profile(p: dict) -> None:
         print(f"prefill {role:<5}: " + "  ".join(f"b{q['batch']}x{q['prompt_tokens']}tok={q['ms']:.1f}ms"
                                                 for q in g["prefill"]))
         print(f"step {role:<5}   : " + "  ".join(f"b{q['batch']}={q['ms']:.2f}ms" for q in g["step"]))
+    if p.get("cpu_ms_per_request"):
+        cpu = p["cpu_ms_per_request"]
+        print(f"CPU per request (all the app's processes): {sum(cpu.values()):.1f} ms = " + ", ".join(
+            f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
     if p.get("workload"):
         w = p["workload"]
         print(f"workload: mutual, transfer {w['transfer_rate']:.1%} of {w.get('requests', 'assumed')}; " + "; ".join(

@@ -1,0 +1,79 @@
+"""Where the local app's CPU goes: CPU time per request of every process it runs, at concurrency 1.
+
+    python -m benchmarks.cpu_per_request [--n 95]
+
+Starts serve_config.yaml's app, sends `tandem:mutual` on held-out grid items one at a time (after 5 of
+warm-up), and reads each process's user + system CPU time (psutil) before and after: the Router, the
+three model deployments, Serve's proxy and controller, and this client. On a machine whose cores the
+replicas share, the sum bounds the app's throughput (cores x 1000 / sum ms, before batching shares
+the decode steps); set beside a stage profile, it shows how much of each replica's CPU is not its
+model's work. Prints a table and ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import time
+
+PROCESSES = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
+
+
+def app_processes(app: str = "tandem") -> dict:
+    import psutil
+
+    found = {"client": psutil.Process()}
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        for name in PROCESSES:
+            if f"ServeReplica:{app}:{name}" in cmd:
+                found[name] = p
+        if "ProxyActor" in cmd:
+            found["proxy"] = p
+        if "ServeController" in cmd:
+            found["controller"] = p
+    return found
+
+
+def cpu_seconds(processes: dict) -> dict[str, float]:
+    return {k: sum(p.cpu_times()[:2]) for k, p in processes.items()}
+
+
+def main(argv=None) -> int:
+    import httpx
+
+    from benchmarks.client import LocalApps
+    from benchmarks.grid import grid_items
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=95, help="measured requests (after 5 of warm-up)")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    bodies = [{"model": "tandem:mutual", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(i.image).decode()}},
+        {"type": "text", "text": i.prompt()}]}]} for i in grid_items(args.n + 5, seed=21)]
+    with LocalApps() as app, httpx.Client(timeout=60) as http:
+        processes = app_processes()
+        for body in bodies[:5]:
+            http.post(f"{app.url}/v1/chat/completions", json=body)
+        before, start = cpu_seconds(processes), time.perf_counter()
+        paths = [http.post(f"{app.url}/v1/chat/completions", json=b).json()["tandem"]["path"] for b in bodies[5:]]
+        after, wall = cpu_seconds(processes), time.perf_counter() - start
+    per = {k: round((after[k] - before[k]) / len(paths) * 1000, 2) for k in before}
+    total = round(sum(per.values()), 1)
+    print(f"{len(paths)} requests, {wall / len(paths) * 1000:.1f} ms each, "
+          f"{paths.count('transfer') / len(paths):.0%} transferred; CPU ms per request:")
+    for name, ms in sorted(per.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<14} {ms:>7.2f}")
+    print(f"  {'sum':<14} {total:>7.1f}  (bound on {os.cpu_count()} cores: {os.cpu_count() * 1000 / total:.1f} req/s)")
+    print(json.dumps({"benchmark": "cpu_per_request", "requests": len(paths),
+                      "wall_ms_per_request": round(wall / len(paths) * 1000, 1),
+                      "transfer_rate": round(paths.count("transfer") / len(paths), 3),
+                      "cpu_ms_per_request": per, "sum_ms": total}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
