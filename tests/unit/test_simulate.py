@@ -158,3 +158,17 @@ def test_overlay_fixes_replicas_and_drops_autoscaling():
         assert d["num_replicas"] == plan[d["name"]] and "autoscaling_config" not in d
     assert base["applications"][0]["deployments"][1].get("autoscaling_config")  # the base is untouched
     assert overlay(plan)["applications"][0]["deployments"][3] == {"name": "LargeAnswerer", "num_replicas": 5}
+
+
+def test_measured_cpu_the_stages_do_not_account_for_loads_shared_cores_only():
+    import dataclasses
+
+    p = profile()
+    w = Workload.mutual(0.0, AGREE)
+    alone = simulate(p, w, {}, settings(), concurrency=8, duration_s=20, host_cores=1)
+    busy = dataclasses.replace(p, cpu_ms_per_request=200.0)  # far more than the stages' ~40 ms
+    loaded = simulate(busy, w, {}, settings(), concurrency=8, duration_s=20, host_cores=1)
+    assert loaded["throughput_rps"] < alone["throughput_rps"] * 0.6
+    # one request alone: the extra CPU runs beside it, not on its critical path
+    one = simulate(busy, w, {}, settings(), concurrency=1, duration_s=20)  # own devices: not charged
+    assert one["p50_ms"] == pytest.approx(1 + 8 + 22, abs=1e-6)
