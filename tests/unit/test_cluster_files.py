@@ -201,3 +201,4 @@ def test_the_image_pins_the_versions_tested():
     dockerfile = (ROOT / "cluster" / "Dockerfile").read_text()
     assert f"torch=={pins['torch']} torchvision=={pins['torchvision']}" in dockerfile
     assert "-c constraints-gpu.txt" in dockerfile and "whl/cu" in dockerfile
+    assert not any("[" in name for name in pins), "pip refuses extras in a constraints file"
