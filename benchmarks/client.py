@@ -33,6 +33,14 @@ def chat_body(policy: str, question: str, image_url: str | None = None, max_toke
     return {"model": f"tandem:{policy}", "max_tokens": max_tokens, "messages": [{"role": "user", "content": content}]}
 
 
+def item_body(item, policy: str = "mutual") -> dict:
+    """A dataset item (benchmarks.datasets.Item) as a chat request: its image as a data URL, then its
+    question and options; no max_tokens, so the config's answer limit applies."""
+    image = "data:image/png;base64," + base64.b64encode(item.image).decode()
+    return {"model": f"tandem:{policy}", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": item.prompt()}]}]}
+
+
 @dataclass
 class Outcome:
     status: int | str

@@ -13,7 +13,6 @@ model's work. Prints a table and ends with one JSON line.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import time
@@ -44,16 +43,14 @@ def cpu_seconds(processes: dict) -> dict[str, float]:
 def main(argv=None) -> int:
     import httpx
 
-    from benchmarks.client import LocalApps
+    from benchmarks.client import LocalApps, item_body
     from benchmarks.grid import grid_items
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=95, help="measured requests (after 5 of warm-up)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    bodies = [{"model": "tandem:mutual", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(i.image).decode()}},
-        {"type": "text", "text": i.prompt()}]}]} for i in grid_items(args.n + 5, seed=21)]
+    bodies = [item_body(item) for item in grid_items(args.n + 5, seed=21)]
     with LocalApps() as app, httpx.Client(timeout=60) as http:
         processes = app_processes()
         for body in bodies[:5]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import os
 import platform
@@ -30,19 +29,14 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.client import ROOT, LocalApps
+from benchmarks.client import ROOT, LocalApps, item_body
 from benchmarks.grid import grid_items
 from benchmarks.metrics import percentile
 from benchmarks.simulate import Profile, Workload, settings_from_config, simulate
 
 
 def bodies(n: int, seed: int) -> list[dict]:
-    out = []
-    for item in grid_items(n, seed=seed):
-        url = "data:image/png;base64," + base64.b64encode(item.image).decode()
-        out.append({"model": "tandem:mutual", "messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": item.prompt()}]}]})
-    return out
+    return [item_body(item) for item in grid_items(n, seed=seed)]
 
 
 async def _post(http: httpx.AsyncClient, url: str, body: dict) -> tuple[int | str, float, float]:

@@ -47,25 +47,9 @@ QUICK = dict(vision=[1, 2, 4, 8], batches=[1, 2, 4, 8], steps=16, repeats=5)
 FULL = dict(vision=[1, 2, 4, 8, 16], batches=[1, 2, 4, 8, 16], steps=32, repeats=7)
 
 
-def median_ms(fn, repeats: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
-
-
-def _sync(device: str):
-    import torch
-
-    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-
 def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -> dict:
     """Vision and generator curves for both roles of `config`, measured in this process."""
+    from benchmarks.latency_profile import timed_ms
     from tandem import prompts
     from tandem.engines import ROLES, make_engine
     from tandem.schemas import GenerationRequest, SamplingParams
@@ -73,13 +57,12 @@ def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -
     out: dict = {"vision": {}, "generators": {}}
     for role in ROLES:
         device = config.model(role).device
-        sync = _sync(device)
         tower = make_engine(config, role, language=False)
         feats = tower.encode_images([image])
         points = []
         for n in grid["vision"]:
-            points.append({"images": n, "ms": round(median_ms(lambda: (tower.encode_images([image] * n), sync()),
-                                                              grid["repeats"]), 3)})
+            points.append({"images": n, "ms": round(timed_ms(lambda: tower.encode_images([image] * n), device,
+                                                             grid["repeats"]), 3)})
             bar and bar.update()
         out["vision"][role] = points
         del tower
@@ -93,13 +76,11 @@ def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -
 
             def run(tokens: int):
                 req = GenerationRequest(prompt, feats, SamplingParams(max_tokens=tokens))
-                outs = engine.loop.generate([req] * b)
-                sync()
-                return outs
+                return engine.loop.generate([req] * b)
 
             prompt_tokens = run(1)[0].prompt_tokens
-            t1 = median_ms(lambda: run(1), grid["repeats"])
-            t_long = median_ms(lambda: run(1 + grid["steps"]), grid["repeats"])
+            t1 = timed_ms(lambda: run(1), device, grid["repeats"])
+            t_long = timed_ms(lambda: run(1 + grid["steps"]), device, grid["repeats"])
             per_step = max(0.0, (t_long - t1) / grid["steps"])
             step.append({"batch": b, "ms": round(per_step, 3)})
             prefill.append({"batch": b, "prompt_tokens": prompt_tokens, "ms": round(max(0.0, t1 - per_step), 3)})
@@ -180,26 +161,22 @@ def name_of(real: str) -> str:
     return {"qwen3-vl-2b": "Qwen/Qwen3-VL-2B-Thinking", "qwen3-vl-8b": "Qwen/Qwen3-VL-8B-Instruct"}.get(real, real)
 
 
-def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict]:
-    """(router ms, workload) from `tandem:mutual` on n held-out grid items, one at a time."""
-    import base64
-
+def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dict]:
+    """(router ms, workload, median call overheads, CPU ms per request by process) from
+    `tandem:mutual` on n held-out grid items, one at a time."""
     import httpx
 
+    from benchmarks.client import item_body
+    from benchmarks.cpu_per_request import app_processes, cpu_seconds
     from benchmarks.grid import grid_items
 
-    from benchmarks.cpu_per_request import app_processes, cpu_seconds
-
     overhead, paths, stages, calls = [], [], {}, {"encode": [], "generate": []}
-    processes = app_processes()  # the app's processes on this machine (none for a remote URL)
+    processes = app_processes()  # the app's processes on this machine (only this client for a remote URL)
     cpu_before = cpu_seconds(processes)
     with httpx.Client(timeout=120) as http:
         for item in grid_items(n, seed=seed + 7):
-            body = {"model": "tandem:mutual", "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(item.image).decode()}},
-                {"type": "text", "text": item.prompt()}]}]}
             start = time.perf_counter()
-            r = http.post(f"{url}/v1/chat/completions", json=body)
+            r = http.post(f"{url}/v1/chat/completions", json=item_body(item))
             client_ms = (time.perf_counter() - start) * 1000
             r.raise_for_status()
             trace = r.json()["tandem"]

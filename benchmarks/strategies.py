@@ -215,18 +215,15 @@ class InProcess:
 
 
 def run_http(url: str, items: list[Item], policy: str, api_key: str | None) -> list[dict]:
-    import base64
-
     import httpx
+
+    from benchmarks.client import item_body
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     runs = []
     with httpx.Client(timeout=300, headers=headers) as http:
         for item in items:
-            body = {"model": f"tandem:{policy}", "messages": [{"role": "user", "content": [
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(item.image).decode()}},
-                {"type": "text", "text": item.prompt()}]}]}
-            r = http.post(f"{url}/v1/chat/completions", json=body)
+            r = http.post(f"{url}/v1/chat/completions", json=item_body(item, policy))
             r.raise_for_status()
             data = r.json()
             t = data["tandem"]
