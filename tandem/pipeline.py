@@ -16,7 +16,6 @@ confidence above its threshold) has nothing left to stream: the caller sends it 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -167,9 +166,10 @@ class _Run:
         start = None
         for attempt in (1, 2):
             feats = await self.features(role)
-            start = start or self.p.clock()  # the stage's time starts once its features are there
+            if start is None:  # the stage's time starts once its features are there
+                start = self.p.clock()
             request = GenerationRequest(prompt=prompt, images=feats, attend_to=attend_to,
-                                        request_id=self.req.request_id, sampling=dataclasses.replace(sampling))
+                                        request_id=self.req.request_id, sampling=sampling)
             try:
                 out = await self._call(stage, role, getattr(self.p.stages, role)(request, sink))
                 break
@@ -184,9 +184,9 @@ class _Run:
         self.latency_ms[stage] = (self.p.clock() - start) * 1000
         self.tokens[stage] = out.completion_tokens
         self.prompt_tokens += out.prompt_tokens
-        self.stages[stage] = {"prompt_tokens": out.prompt_tokens, "decode_steps": out.decode_steps, "decode_ms": round(out.decode_ms, 3),
-                              "ttft_ms": round(out.ttft_ms, 3), "queue_ms": round(out.queue_ms, 3),
-                              "batch_size": out.batch_size}
+        self.stages[stage] = {"prompt_tokens": out.prompt_tokens, "decode_steps": out.decode_steps,
+                              "decode_ms": round(out.decode_ms, 3), "ttft_ms": round(out.ttft_ms, 3),
+                              "queue_ms": round(out.queue_ms, 3), "batch_size": out.batch_size}
         return out
 
     @property
