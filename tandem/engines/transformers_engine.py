@@ -43,6 +43,15 @@ def _sample(logits: torch.Tensor, s: SamplingParams) -> int:
     return int(torch.multinomial(probs, 1))
 
 
+def _drop_parts(model, *, vision: bool, language: bool) -> None:
+    """Remove what a deployment never runs: the vision tower, or the decoder and its head."""
+    if not vision:
+        model.model.visual = None
+    if not language:
+        model.model.language_model, model.lm_head = None, None
+        model.all_tied_weights_keys = {}  # the only tie, lm_head to the embeddings, went with them
+
+
 def _partial_class(cls, *, vision: bool, language: bool):
     """`cls` with the parts a deployment never runs removed as it is built — inside `from_pretrained`,
     on the meta device, before any weight is read — so their tensors are never loaded: they count as
@@ -50,11 +59,7 @@ def _partial_class(cls, *, vision: bool, language: bool):
     class Partial(cls):
         def __init__(self, config, *args, **kwargs):
             super().__init__(config, *args, **kwargs)
-            if not vision:
-                self.model.visual = None
-            if not language:
-                self.model.language_model, self.lm_head = None, None
-                self.all_tied_weights_keys = {}  # the only tie, lm_head to the embeddings, went with them
+            _drop_parts(self, vision=vision, language=language)
 
     Partial.__name__ = Partial.__qualname__ = cls.__name__
     return Partial
@@ -79,10 +84,7 @@ def load_parts(path: str, config: ModelConfig, *, vision: bool = True, language:
     cls = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING.get(type(model_config), None)
     if (vision and language) or cls is None:  # both parts, or an architecture we cannot split (remote code)
         model = AutoModelForImageTextToText.from_pretrained(path, config=model_config, **kwargs)
-        if not language:
-            model.model.language_model, model.lm_head = None, None
-        if not vision:
-            model.model.visual = None
+        _drop_parts(model, vision=vision, language=language)
         return model
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the parts left on disk are reported as unexpected keys: by design
@@ -121,8 +123,8 @@ class TransformersEngine:
         self.processor = load_processor(path, trust_remote_code=config.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
         model = load_parts(path, config, vision=vision, language=language, **device_placement(config.device))
-        self.model = model.to(config.device).eval() if config.device == "cpu" else model.eval()
-        self.device = torch.device("cpu") if config.device == "cpu" else self.model.device
+        self.model = model.eval()  # already on its device: from_pretrained placed it
+        self.device = self.model.device
         self.image_token_id = self.processor.image_token_id
         self.merge_size = self.processor.image_processor.merge_size
         self.stop_token_ids = self._stop_token_ids()
