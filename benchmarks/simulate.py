@@ -181,14 +181,19 @@ class Workload:
         rate = measured.get("transfer_rate", 0.5) if transfer_rate is None else transfer_rate
         return cls.mutual(rate, measured.get("stages"), images=measured.get("images", 1))
 
+    @staticmethod
+    def call_ms(profile: Profile, c: Call, images: int = 1) -> float:
+        """One call alone: its overhead, then its model's work at batch 1 (a vision call: `images`
+        images in one batch)."""
+        if c.kind == "vision":
+            return profile.call_ms["encode"] + profile.vision[c.role](images)
+        return profile.call_ms["generate"] + profile.prefill[c.role](c.prompt_tokens) + c.steps * profile.step[c.role](1)
+
     def unloaded_s(self, profile: Profile, mean: bool = False) -> float:
         """The slowest path's latency with nothing else running (no batch waits): how deep the
         pipeline is; `mean`: the paths' latencies weighted by their shares instead."""
-        def call_ms(c: Call) -> float:
-            if c.kind == "vision":
-                return profile.call_ms["encode"] + profile.vision[c.role](self.images)
-            return profile.call_ms["generate"] + profile.prefill[c.role](c.prompt_tokens) + c.steps * profile.step[c.role](1)
-        paths = [(share, profile.router_ms + sum(max(call_ms(c) for c in phase) for phase in phases))
+        paths = [(share, profile.router_ms + sum(max(self.call_ms(profile, c, self.images) for c in phase)
+                                                 for phase in phases))
                  for _, share, phases in self.paths if share > 0]
         if mean:
             return sum(share * ms for share, ms in paths) / sum(share for share, _ in paths) / 1000
@@ -347,15 +352,9 @@ class Simulation:
         p = self.profile
         if not (self.host_cores and p.cpu_ms_per_request):
             return 0.0
-        charged = p.router_ms
-        for _, share, phases in self.workload.paths:
-            for phase in phases:
-                for c in phase:
-                    if c.kind == "vision":
-                        charged += share * self.workload.images * (p.call_ms["encode"] + p.vision[c.role](1))
-                    else:
-                        charged += share * (p.call_ms["generate"] + p.prefill[c.role](c.prompt_tokens)
-                                            + c.steps * p.step[c.role](1))
+        w = self.workload
+        charged = p.router_ms + sum(share * (w.images if c.kind == "vision" else 1) * w.call_ms(p, c)
+                                    for _, share, phases in w.paths for phase in phases for c in phase)
         return max(0.0, p.cpu_ms_per_request - charged) / 1000
 
     def on_assigned(self, pool: _Pool, job, replica: _Replica) -> None:
