@@ -77,7 +77,7 @@ class Router:
                 return await self._ready()
             check_authorization(request.headers.get("authorization"), self.api_keys)
             if request.method == "GET" and path == "/v1/models":
-                return JSONResponse(openai_api.models_list())
+                return JSONResponse(openai_api.models_list(self.config))
             if request.method == "POST" and path == "/v1/chat/completions":
                 return await self._chat(request)
             raise NotFound(f"no route for {short(request.method)} {short(path)}")

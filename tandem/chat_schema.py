@@ -114,6 +114,8 @@ class TandemOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     stream_reasoning: StrictBool = False
+    reasoning_max_tokens: StrictInt | None = None  # bounded by the config's limit in openai_api
+    latency_budget_ms: StrictInt | StrictFloat | None = None
 
 
 class ChatBody(BaseModel):
@@ -179,7 +181,10 @@ def _bad_request(e: dict) -> BadRequest:
         if kind == "extra_forbidden":
             return BadRequest(f"unknown 'tandem' option {short(loc[-1])}; known: {list(TandemOptions.model_fields)}",
                               param=param)
-        return BadRequest(f"'{where}' must be a boolean{got}", param=param)
+        kinds = {"stream_reasoning": "a boolean", "reasoning_max_tokens": "an integer",
+                 "latency_budget_ms": "a number of milliseconds"}
+        field = str(loc[1]) if len(loc) > 1 else ""  # loc[2:], when there, names a union member
+        return BadRequest(f"'tandem.{field}' must be {kinds.get(field, 'an object')}{got}", param=f"tandem.{field}")
     if param == "messages":
         if len(loc) == 2:
             return BadRequest(f"{where} must be an object{got}", param=param)

@@ -15,6 +15,7 @@ import yaml
 
 from tandem.config import DEPLOYMENT_NAMES, POLICY_NAMES, limit_problems, load_tandem_config
 from tandem.errors import TandemError
+from tandem.policies import parse_policy_id
 
 
 def _cmd_build_tiny(args) -> int:
@@ -45,8 +46,10 @@ def _cmd_ask(args) -> int:
     config = load_tandem_config(read_tandem_args(args.config))
     images = [Path(p).read_bytes() for p in args.image]
     tandem = LocalTandem(config)
-    result = tandem.ask(AskRequest(question=args.question, images=images, policy=args.policy,
-                                   max_tokens=args.max_tokens, request_id="cli"))
+    policy, param = parse_policy_id(args.policy) if args.policy else (None, None)
+    result = tandem.ask(AskRequest(question=args.question, images=images, policy=policy, policy_param=param,
+                                   max_tokens=args.max_tokens, reasoning_max_tokens=args.reasoning_max_tokens,
+                                   latency_budget_ms=args.latency_budget_ms, request_id="cli"))
     if args.json:
         print(json.dumps({"answer": result.answer, **result.trace(),
                           "usage": {"prompt_tokens": result.prompt_tokens,
@@ -86,6 +89,16 @@ def _cmd_validate_config(args) -> int:
     return 2 if problems else 0
 
 
+def _policy_id(text: str) -> str:
+    try:
+        parse_policy_id(text)
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"unknown policy {text!r}; known: {', '.join(POLICY_NAMES)}") from None
+    except TandemError as err:
+        raise argparse.ArgumentTypeError(err.message) from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ask", help="answer one question in-process (tiny checkpoints by default)")
     p.add_argument("question")
     p.add_argument("--image", action="append", default=[], help="image file; repeat for several")
-    p.add_argument("--policy", choices=POLICY_NAMES, default=None)
+    p.add_argument("--policy", type=_policy_id, default=None, metavar="POLICY[@VALUE]",
+                   help=f"one of {', '.join(POLICY_NAMES)}; a parameter after @ (confidence@0.35)")
+    p.add_argument("--reasoning-max-tokens", type=int, default=None)
+    p.add_argument("--latency-budget-ms", type=float, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--config", help="YAML with Tandem args, or a serve config (its first application)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -12,9 +12,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tandem.errors import ConfigError
+from tandem.policies import POLICY_NAMES
 
-PolicyName = Literal["large", "small", "large_reasoning", "always", "mutual", "confidence", "random"]
-POLICY_NAMES: tuple[str, ...] = PolicyName.__args__  # type: ignore[attr-defined]
+PolicyName = Literal[POLICY_NAMES]  # type: ignore[valid-type]
 SelectorName = Literal["full", "budget", "attention"]
 # The Serve deployments a config may name (deployments/app.py binds exactly these).
 DEPLOYMENT_NAMES: tuple[str, ...] = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
@@ -56,12 +56,17 @@ class PolicyConfig(_Strict):
 
     default: PolicyName = Field("mutual", description="Policy for model name `tandem`.")
     confidence_threshold: float = Field(
-        0.5, ge=0.0, le=1.0, description="`confidence`: transfer when the large model's mean answer-token "
-                                         "probability is under this.")
-    random_transfer_p: float = Field(0.5, ge=0.0, le=1.0, description="`random`: probability of a transfer.")
+        0.5, ge=0.0, le=1.0, description="`confidence`, `confidence_mutual`: transfer when the large model's "
+                                         "mean answer-token probability is under this "
+                                         "(per request: tandem:confidence@<threshold>).")
+    random_transfer_p: float = Field(0.5, ge=0.0, le=1.0, description="`random`: probability of a transfer "
+                                                                                "(per request: tandem:random@<p>).")
     speculative: bool = Field(False, description="`mutual`: start the small model's reasoning during "
                                                  "stage 1 and cancel it when the answers agree.")
     seed: int = Field(0, description="Seed of the `random` policy's draws.")
+    budget_min_reasoning_tokens: int = Field(
+        8, gt=0, description="Under a request's latency budget, reasoning shorter than this is not worth "
+                             "transferring: the large model answers directly instead.")
     on_small_failure: Literal["degrade", "fail"] = Field(
         "degrade", description="When the small reasoner fails or times out: answer with the large model and "
                                "mark the answer degraded, or fail the request.")

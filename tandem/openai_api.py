@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from tandem.chat_schema import ChatBody, Message, TandemOptions, TextPart, json_depth_over, parse_body, short
-from tandem.config import POLICY_NAMES, HttpConfig, TandemConfig
+from tandem.config import HttpConfig, TandemConfig
 from tandem.errors import BadRequest, NotFound, PayloadTooLarge, TandemError
 from tandem.fetch import fetch_image
 from tandem.images import decode_image
+from tandem.policies import POLICIES, POLICY_NAMES, parse_policy_id
 from tandem.schemas import AskRequest, TandemResult
 
 MODEL_PREFIX = "tandem"
@@ -38,13 +39,18 @@ def model_ids() -> list[str]:
     return [MODEL_PREFIX] + [f"{MODEL_PREFIX}:{p}" for p in POLICY_NAMES]
 
 
-def policy_for_model(model: str, default: str) -> str:
+def policy_for_model(model: str, default: str) -> tuple[str, float | None]:
+    """(policy, its parameter or None) named by a model id: `tandem`, `tandem:<policy>` or
+    `tandem:<policy>@<value>`. 404 for a model that is not one; 400 for a bad parameter."""
     if model == MODEL_PREFIX:
-        return default
-    name = model.split(":", 1)[1] if model.startswith(MODEL_PREFIX + ":") else None
-    if name not in POLICY_NAMES:
-        raise NotFound(f"model {short(model)} does not exist; available: {', '.join(model_ids())}", param="model")
-    return name
+        return default, None
+    if model.startswith(MODEL_PREFIX + ":"):
+        try:
+            return parse_policy_id(model.split(":", 1)[1])
+        except KeyError:
+            pass
+    raise NotFound(f"model {short(model)} does not exist; available: {', '.join(model_ids())} "
+                   f"(a policy's parameter: tandem:<policy>@<value>)", param="model")
 
 
 def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None = None) -> ChatRequest:
@@ -60,16 +66,33 @@ def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None
     if json_depth_over(data, http.max_json_depth):
         raise BadRequest(f"request body nests deeper than {http.max_json_depth} levels")
     chat = parse_body(data)
-    policy = policy_for_model(chat.model, config.policy.default)
+    policy, param = policy_for_model(chat.model, config.policy.default)
     _refuse_unsupported(data)
+    options = _tandem_options(chat, config)
     question, images = _parse_messages(chat.messages, http)
-    options = chat.tandem or TandemOptions()
     return ChatRequest(
-        ask=AskRequest(question=question, images=images, policy=policy,
+        ask=AskRequest(question=question, images=images, policy=policy, policy_param=param,
                        max_tokens=_max_tokens(chat, config), temperature=_temperature(chat),
                        request_id=request_id or f"chatcmpl-{uuid.uuid4().hex[:24]}",
-                       stream_reasoning=options.stream_reasoning),
+                       stream_reasoning=options.stream_reasoning,
+                       reasoning_max_tokens=options.reasoning_max_tokens,
+                       latency_budget_ms=None if options.latency_budget_ms is None else float(options.latency_budget_ms)),
         model=chat.model, stream=chat.stream)
+
+
+def _tandem_options(chat: ChatBody, config: TandemConfig) -> TandemOptions:
+    """The body's `tandem` object, its bounds checked against the config (400 naming the field)."""
+    options = chat.tandem or TandemOptions()
+    limit = config.limits.reasoning_max_tokens
+    if options.reasoning_max_tokens is not None and not 1 <= options.reasoning_max_tokens <= limit:
+        raise BadRequest(f"'tandem.reasoning_max_tokens' must be an integer from 1 to {limit} (the server's "
+                         f"reasoning limit); got {short(options.reasoning_max_tokens)}", param="tandem.reasoning_max_tokens")
+    deadline_ms = config.http.request_timeout_s * 1000
+    if options.latency_budget_ms is not None and not 0 < options.latency_budget_ms <= deadline_ms:
+        raise BadRequest(f"'tandem.latency_budget_ms' must be a number of milliseconds above 0 and at most "
+                         f"{deadline_ms:g} (the request deadline); got {short(options.latency_budget_ms)}",
+                         param="tandem.latency_budget_ms")
+    return options
 
 
 # OpenAI sampling fields Tandem does not implement, with the values that ask for the default (those
@@ -227,9 +250,20 @@ def stream_rest(result: TandemResult, chat: ChatRequest, created: int, pieces: l
     return chunks
 
 
-def models_list() -> dict:
-    return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "tandem"}
-                                       for m in model_ids()]}
+def models_list(config: TandemConfig | None = None) -> dict:
+    """Every policy as a model, with what it does and its parameter (name, bounds, default)."""
+    data = [{"id": MODEL_PREFIX, "object": "model", "created": 0, "owned_by": "tandem",
+             "tandem": {"policy": config.policy.default if config else None, "description": "the default policy"}}]
+    for name, spec in POLICIES.items():
+        meta = {"policy": name, "description": spec.description}
+        if spec.param:
+            p = spec.param
+            meta["parameter"] = {"name": p.name, "min": p.low, "max": p.high, "description": p.description,
+                                 "default": getattr(config.policy, p.config_field) if config else None,
+                                 "example": f"{MODEL_PREFIX}:{name}@{(p.low + p.high) / 2:g}"}
+        data.append({"id": f"{MODEL_PREFIX}:{name}", "object": "model", "created": 0, "owned_by": "tandem",
+                     "tandem": meta})
+    return {"object": "list", "data": data}
 
 
 def answer_pieces(answer: str) -> list[str]:

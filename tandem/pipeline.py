@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from tandem import prompts
-from tandem.config import POLICY_NAMES, TandemConfig
+from tandem.budget import BudgetPlan, StageEstimates, plan_reasoning
+from tandem.config import TandemConfig
 from tandem.errors import FeaturesLost, NotFound, StageTimeout
-from tandem.policies import ROLES_ALWAYS_USED, decide_confidence, decide_mutual, decide_random
+from tandem.policies import POLICIES, POLICY_NAMES, Outcome
 from tandem.schemas import (AskRequest, Decision, GenerationOutput, GenerationRequest, ImageFeatures,
                             SamplingParams, TandemResult)
 from tandem.selectors import select_reasoning
@@ -49,15 +50,15 @@ class Pipeline:
         self.stages = stages
         self.rng = rng or random.Random(config.policy.seed)
         self.clock = clock
+        self.estimates = StageEstimates()  # what latency budgets are planned from
 
     async def answer(self, request: AskRequest, on_delta: DeltaSink | None = None) -> TandemResult:
         policy = request.policy or self.config.policy.default
-        if policy not in POLICY_NAMES:
+        if policy not in POLICIES:
             raise NotFound(f"unknown policy '{policy}'; known: {', '.join(POLICY_NAMES)}", param="model")
         run = _Run(self, request, policy, on_delta)
-        start = self.clock()
         try:
-            path, final, decision = await getattr(run, f"policy_{policy}")()
+            path, final, decision = await run.spec.run(run, run.param)
         except _SmallFailed as failed:
             if self.config.policy.on_small_failure == "fail":
                 raise failed.__cause__ from None
@@ -65,7 +66,7 @@ class Pipeline:
             run.degraded = True
             decision = Decision(False, f"small model failed: {type(failed.__cause__).__name__}: {failed.__cause__}")
             path, final = "large", await run.direct("large")
-        run.latency_ms["total"] = (self.clock() - start) * 1000
+        run.latency_ms["total"] = run.elapsed_ms()
         return run.result(path, final, decision)
 
 
@@ -93,13 +94,45 @@ class _Gate:
         self.held = []
 
 
+class _Speculation:
+    """`mutual`'s small-model reasoning started during stage 1 (`policy.speculative`), its streamed
+    text held until the path is chosen. Off under a latency budget, which sizes the reasoning only
+    once it knows how much time stage 1 took."""
+
+    def __init__(self, run: "_Run"):
+        on = run.cfg.policy.speculative and run.req.latency_budget_ms is None
+        self.gate = _Gate(run.reasoning_sink) if on and run.reasoning_sink else None
+        self.future = asyncio.ensure_future(run.reason("small", self.gate)) if on else None
+
+    @property
+    def started(self) -> bool:
+        return self.future is not None
+
+    def cancel(self) -> None:
+        if self.future:
+            self.future.cancel()
+
+    def take(self) -> asyncio.Future | None:
+        """The reasoning, its held text released to the stream."""
+        if self.gate:
+            self.gate.open()
+        return self.future
+
+
 class _Run:
-    """The state of one request: its feature tasks, its stage timings, token counts and batching."""
+    """The state of one request: its policy and parameter, its feature tasks, its stage timings,
+    token counts and batching, and what its latency budget made of its reasoning."""
 
     def __init__(self, pipeline: Pipeline, request: AskRequest, policy: str, on_delta: DeltaSink | None = None):
         self.p, self.req, self.policy = pipeline, request, policy
         self.cfg = pipeline.config
+        self.spec = POLICIES[policy]
+        self.param = None if self.spec.param is None else (
+            request.policy_param if request.policy_param is not None
+            else getattr(self.cfg.policy, self.spec.param.config_field))
+        self.rng = pipeline.rng
         self.on_delta = on_delta
+        self.start = pipeline.clock()
         self.latency_ms: dict[str, float] = {}
         self.tokens: dict[str, int] = {}
         self.stages: dict[str, dict] = {}
@@ -108,10 +141,14 @@ class _Run:
         self.transferred_tokens = 0
         self.excerpt = ""
         self.degraded = False
+        self.budget: dict | None = None
         self._features: dict[str, asyncio.Future] = {}
         self._direct: dict[str, asyncio.Future] = {}
-        for role in ROLES_ALWAYS_USED[policy]:
+        for role in self.spec.roles:
             self.features(role)
+
+    def elapsed_ms(self) -> float:
+        return (self.p.clock() - self.start) * 1000
 
     # --- stages --------------------------------------------------------------------------------
     def features(self, role: str) -> asyncio.Future:
@@ -140,6 +177,7 @@ class _Run:
         start = self.p.clock()
         feats = await self._call(f"encode_{role}", role, self.p.stages.encode(self.req.images, role))
         self.latency_ms[f"encode_{role}"] = (self.p.clock() - start) * 1000
+        self.p.estimates.observe(f"encode_{role}", self.latency_ms[f"encode_{role}"])
         self.images_encoded[role] = self.images_encoded.get(role, 0) + len(self.req.images)
         return feats
 
@@ -183,6 +221,8 @@ class _Run:
                     raise
         self.latency_ms[stage] = (self.p.clock() - start) * 1000
         self.tokens[stage] = out.completion_tokens
+        per_token = out.decode_ms / (out.decode_steps - 1) if out.decode_steps > 1 else None
+        self.p.estimates.observe(stage, self.latency_ms[stage], out.completion_tokens, per_token)
         self.prompt_tokens += out.prompt_tokens
         self.stages[stage] = {"prompt_tokens": out.prompt_tokens, "decode_steps": out.decode_steps,
                               "decode_ms": round(out.decode_ms, 3), "ttft_ms": round(out.ttft_ms, 3),
@@ -211,21 +251,76 @@ class _Run:
                               sink=self.content if final else None, logprobs=logprobs))
         return self._direct[role]
 
-    async def reason(self, role: str, sink: TextSink | None = None) -> tuple[str, list[str], str]:
+    @property
+    def reasoning_cap(self) -> int:
+        """The request's own reasoning budget (bounded by the config's at the ingress), else the config's."""
+        limit = self.cfg.limits.reasoning_max_tokens
+        return min(self.req.reasoning_max_tokens or limit, limit)
+
+    def plan(self, role: str, after: tuple[str, ...]) -> int | None:
+        """The reasoning tokens this request can afford before `after` (the stages its answer still
+        needs), under its latency budget: the cap without one; None when no reasoning fits."""
+        budget = self.req.latency_budget_ms
+        if budget is None:
+            return self.reasoning_cap
+        est = self.p.estimates
+        # Features still encoding add their stage's time: the reasoning role's (it waits for them),
+        # and the large model's when its encode has not even started (`random` starts it at transfer).
+        pending = [r for r in ("small", "large") if self.req.images and (
+            (r == role and not (r in self._features and self._features[r].done()))
+            or (r != role and r not in self._features and any(s.startswith(r) for s in after)))]
+        rest = [est.get(s) for s in after] + [est.get(f"encode_{r}") for r in pending]
+        plan = plan_reasoning(budget, self.elapsed_ms(), self.reasoning_cap,
+                              self.cfg.policy.budget_min_reasoning_tokens, est.get(f"{role}_reasoning"), rest)
+        self.budget = {"latency_budget_ms": budget, "action": plan.action,
+                       "reasoning_max_tokens": plan.reasoning_max_tokens,
+                       "predicted_ms": None if plan.predicted_ms is None else round(plan.predicted_ms, 3)}
+        return plan.reasoning_max_tokens
+
+    async def reason(self, role: str, sink: TextSink | None = None,
+                     max_tokens: int | None = None) -> tuple[str, list[str], str]:
         """Reasoning only: returns (prompt, reasoning token texts, reasoning text)."""
         fmt = self.fmt(role)
         prompt = prompts.reasoning_prompt(self.req.question, self.n_images, fmt)
-        out = await self.generate(f"{role}_reasoning", role, prompt, self.cfg.limits.reasoning_max_tokens,
+        out = await self.generate(f"{role}_reasoning", role, prompt, max_tokens or self.reasoning_cap,
                                   stop=(prompts.reasoning_stop(fmt),), sink=sink)
         return prompt, out.token_texts, out.text
 
-    async def reason_then_answer(self, role: str) -> GenerationOutput:
-        prompt, _, reasoning = await self.reason(role, self.reasoning_sink)
+    async def reason_then_answer(self, role: str) -> Outcome:
+        """`small` and `large_reasoning`: the role reasons, then answers; under a latency budget that
+        leaves no time to reason, it answers directly."""
+        path = "small" if role == "small" else "large_reasoning"
+        max_tokens = self.plan(role, (f"{role}_answer",))
+        if max_tokens is None:
+            return f"{role}_direct", await self.direct(role, final=True), None
+        prompt, _, reasoning = await self.reason(role, self.reasoning_sink, max_tokens)
         follow = prompts.answer_after_reasoning(prompt, reasoning, self.fmt(role))
-        return await self.generate(f"{role}_answer", role, follow, self.answer_tokens, sink=self.content)
+        return path, await self.generate(f"{role}_answer", role, follow, self.answer_tokens, sink=self.content), None
 
-    async def transfer(self, reasoning: Awaitable[tuple[str, list[str], str]] | None = None) -> GenerationOutput:
-        prompt, token_texts, text = await (reasoning or self.reason("small", self.reasoning_sink))
+    def speculative_reasoning(self) -> "_Speculation":
+        return _Speculation(self)
+
+    async def transfer_or_answer(self, decision: Decision, answered: GenerationOutput | None = None,
+                                 kept_path: str = "large", speculation: "_Speculation | None" = None) -> Outcome:
+        """Carry a decision out: without a transfer, the large model's answer (`answered` when stage 1
+        made it, else its direct answer) on `kept_path`; with one, the small model's reasoning (the
+        speculative one when started) goes to the large model — unless the latency budget leaves no
+        time to reason, when the large model answers directly."""
+        if not decision.transfer:
+            if speculation:
+                speculation.cancel()
+            return kept_path, answered or await self.direct("large", final=True), decision
+        reasoning = speculation.take() if speculation else None
+        if reasoning is None:
+            after = ("large_transfer", "small_answer") if self.cfg.selector.kind == "attention" else ("large_transfer",)
+            max_tokens = self.plan("small", after)
+            if max_tokens is None:
+                return "large", answered or await self.direct("large", final=True), decision
+            reasoning = self.reason("small", self.reasoning_sink, max_tokens)
+        return "transfer", await self.transfer(reasoning), decision
+
+    async def transfer(self, reasoning: Awaitable[tuple[str, list[str], str]]) -> GenerationOutput:
+        prompt, token_texts, text = await reasoning
         scores = None
         if self.cfg.selector.kind == "attention":
             # The small model answers after its reasoning; what that answer attended to is what matters.
@@ -241,51 +336,6 @@ class _Run:
         prompt = prompts.transfer_prompt(self.req.question, self.n_images, selection.text, self.fmt("large"))
         return await self.generate("large_transfer", "large", prompt, self.answer_tokens, sink=self.content)
 
-    # --- policies: each returns (path, final output, decision) ----------------------------------
-    async def policy_large(self):
-        return "large", await self.direct("large", final=True), None
-
-    async def policy_small(self):
-        return "small", await self.reason_then_answer("small"), None
-
-    async def policy_large_reasoning(self):
-        return "large_reasoning", await self.reason_then_answer("large"), None
-
-    async def policy_always(self):
-        return "transfer", await self.transfer(), Decision(True, "always transfer")
-
-    async def policy_mutual(self):
-        gate = _Gate(self.reasoning_sink) if self.reasoning_sink else None
-        speculative = asyncio.ensure_future(self.reason("small", gate)) if self.cfg.policy.speculative else None
-        try:
-            small, large = await asyncio.gather(self.direct("small"), self.direct("large"))
-        except BaseException:
-            if speculative:
-                speculative.cancel()
-            raise
-        decision = decide_mutual(small.text, large.text)
-        decision.inputs["speculative"] = speculative is not None
-        if not decision.transfer:
-            if speculative:
-                speculative.cancel()
-            return "agree", large, decision
-        if gate:
-            gate.open()
-        return "transfer", await self.transfer(speculative), decision
-
-    async def policy_confidence(self):
-        large = await self.direct("large", logprobs=True)
-        decision = decide_confidence(large.logprobs, self.cfg.policy.confidence_threshold)
-        if not decision.transfer:
-            return "large", large, decision
-        return "transfer", await self.transfer(), decision
-
-    async def policy_random(self):
-        decision = decide_random(self.cfg.policy.random_transfer_p, self.p.rng)
-        if decision.transfer:
-            return "transfer", await self.transfer(), decision
-        return "large", await self.direct("large", final=True), decision
-
     def result(self, path: str, final: GenerationOutput, decision: Decision | None) -> TandemResult:
         return TandemResult(
             answer=final.text.strip(), policy=self.policy, path=path, decision=decision,
@@ -293,4 +343,5 @@ class _Run:
             prompt_tokens=self.prompt_tokens, completion_tokens=sum(self.tokens.values()),
             images_encoded=self.images_encoded, finish_reason=final.finish_reason,
             reasoning_excerpt=self.excerpt, request_id=self.req.request_id, degraded=self.degraded,
-            stages=self.stages)
+            stages=self.stages, params={self.spec.param.name: self.param} if self.spec.param else {},
+            budget=self.budget and {**self.budget, "actual_ms": round(self.latency_ms["total"], 3)})

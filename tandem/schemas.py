@@ -92,10 +92,13 @@ class AskRequest:
     question: str
     images: list[bytes] = field(default_factory=list)
     policy: str | None = None
+    policy_param: float | None = None  # `tandem:<policy>@<value>`; None: the config's
     max_tokens: int | None = None
     temperature: float | None = None  # None: the request set none (answers greedy, reasoning as the model says)
     request_id: str = ""
     stream_reasoning: bool = False  # when streamed: the reasoning on the answer's path, as it is decoded
+    reasoning_max_tokens: int | None = None  # the request's reasoning budget (within the config's)
+    latency_budget_ms: float | None = None  # reasoning is shortened or skipped to answer within it
 
 
 @dataclass
@@ -124,6 +127,8 @@ class TandemResult:
     reasoning_excerpt: str = ""
     request_id: str = ""
     stages: dict[str, dict] = field(default_factory=dict)  # per stage: decode steps and ms, ttft, batch size
+    params: dict[str, float] = field(default_factory=dict)  # the policy's parameter, as used
+    budget: dict | None = None  # what a latency budget made of the reasoning: action, predicted and actual ms
 
     @property
     def reasoning_tokens(self) -> int:
@@ -140,6 +145,7 @@ class TandemResult:
         """The `tandem` object returned to clients and printed by `tandem ask --json`."""
         return {
             "policy": self.policy,
+            **({"params": dict(self.params)} if self.params else {}),
             "path": self.path,
             "agreement": self.agreement,
             "decision": None if self.decision is None else {
@@ -150,4 +156,5 @@ class TandemResult:
             "transferred_tokens": self.transferred_tokens,
             "images_encoded": dict(self.images_encoded),
             "degraded": self.degraded,
+            **({"budget": dict(self.budget)} if self.budget else {}),
         }
