@@ -3,6 +3,7 @@ starting serve_config.yaml's app locally (with an optional model-free twin for t
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import os
@@ -39,6 +40,45 @@ def item_body(item, policy: str = "mutual") -> dict:
     image = "data:image/png;base64," + base64.b64encode(item.image).decode()
     return {"model": f"tandem:{policy}", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": item.prompt()}]}]}
+
+
+class Asker:
+    """One policy's answer and trace for an item: in-process through the pipeline, or over HTTP."""
+
+    def __init__(self, url: str | None, api_key: str | None, config_path: str | None):
+        self.url, self.api_key = url, api_key
+        if not url:
+            from tandem.cli import read_tandem_args
+            from tandem.config import load_tandem_config
+            from tandem.local import load_engines, local_stages
+            from tandem.pipeline import Pipeline
+
+            config = load_tandem_config(read_tandem_args(config_path))
+            self.pipeline = Pipeline(config, local_stages(load_engines(config)))
+            self.where = f"in-process ({config.small.model} + {config.large.model})"
+        else:
+            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+            self.http = httpx.Client(timeout=300, headers=headers)
+            self.where = f"HTTP {url}"
+
+    def __call__(self, item, model: str, **options) -> tuple[str, dict]:
+        """(answer, trace) for `model` = `<policy>` or `<policy>@<value>`; `options` are the body's
+        `tandem` object (reasoning_max_tokens, latency_budget_ms)."""
+        if self.url:
+            body = item_body(item, model)
+            if options:
+                body["tandem"] = options
+            r = self.http.post(f"{self.url}/v1/chat/completions", json=body)
+            r.raise_for_status()
+            data = r.json()
+            return data["choices"][0]["message"]["content"], data["tandem"]
+        from tandem.policies import parse_policy_id
+        from tandem.schemas import AskRequest
+
+        policy, param = parse_policy_id(model)
+        result = asyncio.run(self.pipeline.answer(AskRequest(question=item.prompt(), images=[item.image],
+                                                             policy=policy, policy_param=param, **options)))
+        return result.answer, result.trace()
 
 
 @dataclass

@@ -4,8 +4,9 @@ with a budget can afford.
 Each stage's latency is modelled as fixed + per_token x tokens (fixed: queueing, prefill, calls;
 per_token: one decoding step), both moving averages of what the stages recently measured, with the
 mean deviation of the prediction error kept beside them as TCP keeps its round-trip variance
-(RFC 6298): a plan adds `MARGIN` deviations per stage, so a budget is met unless a stage runs
-slower than it has lately. The Router keeps one `StageEstimates` per replica, fed by every request.
+(RFC 6298): a plan adds `MARGIN` deviations of the path (the stages' deviations in quadrature), so a
+budget is met unless the stages run slower than they have lately. A reasoning is planned at its cap
+(`max_tokens`), which it never exceeds: reasoning that ends sooner only finishes sooner. The Router keeps one `StageEstimates` per replica, fed by every request.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 ALPHA, BETA = 0.125, 0.25  # RFC 6298's gains for the mean and the deviation
-MARGIN = 2.0  # deviations added per stage: the plan's safety against recent jitter
+MARGIN = 2.0  # deviations of the path added to a plan: its safety against recent jitter
 
 
 @dataclass
@@ -23,8 +24,9 @@ class Estimate:
     per_token_ms: float
     dev_ms: float = 0.0
 
-    def ms(self, tokens: int = 0, margin: float = MARGIN) -> float:
-        return self.fixed_ms + self.per_token_ms * tokens + margin * self.dev_ms
+    def ms(self, tokens: int = 0) -> float:
+        """The expected time for `tokens` decoded tokens (no margin)."""
+        return self.fixed_ms + self.per_token_ms * tokens
 
 
 class StageEstimates:
@@ -40,7 +42,7 @@ class StageEstimates:
             rate = per_token_ms or 0.0
             self.stages[stage] = Estimate(max(0.0, latency_ms - rate * tokens), rate)
             return
-        err = latency_ms - est.ms(tokens, margin=0)
+        err = latency_ms - est.ms(tokens)
         est.dev_ms += BETA * (abs(err) - est.dev_ms)
         if per_token_ms is not None:
             est.per_token_ms += ALPHA * (per_token_ms - est.per_token_ms)
@@ -72,7 +74,9 @@ def plan_reasoning(budget_ms: float, elapsed_ms: float, cap: int, min_tokens: in
     usual length: short answers, encodes)."""
     if reasoning is None or any(e is None for e in rest):
         return BudgetPlan("no_estimate", cap, None)
-    around = elapsed_ms + sum(e.ms() for e in rest) + reasoning.ms(0)
+    stages = [reasoning, *rest]
+    # The stages' errors are independent: their deviations add in quadrature, not one margin each.
+    around = elapsed_ms + sum(e.ms() for e in stages) + MARGIN * math.hypot(*(e.dev_ms for e in stages))
     left = budget_ms - around
     fit = cap if reasoning.per_token_ms <= 0 else math.floor(left / reasoning.per_token_ms)
     if left >= 0 and fit >= cap:

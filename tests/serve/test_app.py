@@ -11,6 +11,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tandem.policies import POLICY_NAMES
 from tests.conftest import make_png
 from tests.serve.conftest import API_KEY, app_configs, deploy, handle
 
@@ -35,7 +36,7 @@ def trace(completion) -> dict:
 
 EXPECTED_PATHS = {"large": {"large"}, "small": {"small"}, "large_reasoning": {"large_reasoning"},
                   "always": {"transfer"}, "mutual": {"transfer"}, "confidence": {"large", "transfer"},
-                  "random": {"large", "transfer"}}
+                  "random": {"large", "transfer"}, "confidence_mutual": {"agree", "large", "transfer"}}
 
 
 @pytest.mark.parametrize("policy", sorted(EXPECTED_PATHS))
@@ -134,4 +135,28 @@ def test_models_and_health(serve_url):
     missing = httpx.get(f"{serve_url}/v2/nothing")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     ids = [m.id for m in client(serve_url).models.list().data]
-    assert "tandem" in ids and "tandem:mutual" in ids and len(ids) == 8
+    assert set(ids) == {"tandem"} | {f"tandem:{p}" for p in POLICY_NAMES}
+
+
+def test_routing_controls_through_the_openai_client(serve_url):
+    """A parameter in the model name, and the `tandem` object sent with extra_body: what the router
+    did with them is in the trace, and a bad value is a 400 naming it."""
+    import openai
+
+    c, msgs = client(serve_url), messages("How many legs?", make_png(11))
+    out = c.chat.completions.create(model="tandem:confidence@0.35", messages=msgs, max_tokens=4)
+    assert trace(out)["params"] == {"threshold": 0.35} and trace(out)["decision"]["threshold"] == 0.35
+    out = c.chat.completions.create(model="tandem:always", messages=msgs, max_tokens=4,
+                                    extra_body={"tandem": {"reasoning_max_tokens": 16}})
+    assert 0 < trace(out)["tokens"]["small_reasoning"] <= 16 and trace(out)["transferred_tokens"] <= 16
+    # The router has now measured every stage of the transfer path: a 1 ms budget leaves no time to reason.
+    out = c.chat.completions.create(model="tandem:always", messages=msgs, max_tokens=4,
+                                    extra_body={"tandem": {"latency_budget_ms": 1}})
+    assert trace(out)["path"] == "large" and trace(out)["budget"]["action"] == "direct"
+    assert "small_reasoning" not in trace(out)["tokens"]
+    for model, extra, param in (("tandem:confidence@2", None, "model"),
+                                ("tandem:always", {"tandem": {"reasoning_max_tokens": 10**6}}, "tandem.reasoning_max_tokens"),
+                                ("tandem:always", {"tandem": {"latency_budget_ms": -1}}, "tandem.latency_budget_ms")):
+        with pytest.raises(openai.BadRequestError) as err:
+            c.chat.completions.create(model=model, messages=msgs, max_tokens=4, extra_body=extra)
+        assert err.value.body["param"] == param

@@ -135,6 +135,12 @@ def test_plan_reasoning(budget, elapsed, action, tokens):
         assert plan.predicted_ms <= budget
 
 
+def test_plan_keeps_a_margin_of_the_paths_jitter():
+    jittery = [Estimate(10, 2, dev_ms=3), Estimate(5, 0, dev_ms=4)]  # path deviation 5 ms: margin 10 ms
+    plan = plan_reasoning(100, 0, 64, 8, jittery[0], jittery[1:])
+    assert (plan.action, plan.reasoning_max_tokens) == ("shortened", 37)  # (100 - 15 - 10) / 2
+
+
 def test_plan_without_estimates_runs_as_without_a_budget():
     assert plan_reasoning(50, 0, 64, 8, None, [ANSWER]).action == "no_estimate"
     assert plan_reasoning(50, 0, 64, 8, REASONING, [None]).reasoning_max_tokens == 64
@@ -143,7 +149,7 @@ def test_plan_without_estimates_runs_as_without_a_budget():
 def test_estimates_follow_the_measurements_and_their_jitter():
     est = StageEstimates()
     est.observe("small_reasoning", 10 + 2 * 30, tokens=30, per_token_ms=2)
-    assert est.get("small_reasoning").ms(50, margin=0) == pytest.approx(110)
+    assert est.get("small_reasoning").ms(50) == pytest.approx(110)
     for latency in (70, 90, 70, 90):  # jitter around the same work: a deviation, same mean
         est.observe("small_reasoning", latency, tokens=30, per_token_ms=2)
     e = est.get("small_reasoning")
