@@ -14,10 +14,9 @@ from tandem.config import TandemConfig
 from tandem.schemas import AskRequest
 
 # Chance on this slice is about 29 % (A-D questions, two-option yes/no ones). The floors sit below
-# what the pair measured on 400 held-out items (model cards: small 79.7 %, always 64.5 %, large
-# 35.5 %), so they catch a broken pair, not noise. The large model's direct answers are only a little
-# above chance: the Fidelity issue's F2 is not met (see the card), and its floor says so plainly.
-FLOORS = {"small": 0.70, "always": 0.55, "large": 0.30}
+# what the pair measured on 400 held-out items (model cards: small 79.7 %, always 78.7 %, large
+# 65.0 %), so they catch a broken pair, not noise.
+FLOORS = {"small": 0.70, "always": 0.68, "large": 0.55}
 
 
 @pytest.mark.parametrize("role", TRAINED_ROLES)
@@ -56,3 +55,19 @@ def test_accuracy_floor_on_held_out_items(tandem, policy):
     acc = sum(is_correct(r.answer, it) for r, it in zip(results, items)) / len(items)
     assert acc >= FLOORS[policy], f"{policy}: {acc:.0%} on 100 held-out items"
     assert {r.path for r in results} == {"large": {"large"}, "small": {"small"}, "always": {"transfer"}}[policy]
+
+
+def test_the_training_script_still_builds_each_shipped_tokenizer_or_the_card_says_where():
+    """A change to the task's text stream changes the tokenizer (and every batch) the script makes:
+    a checkpoint trained before such a change must say at which commit it reproduces. (The small
+    model's card does: 8877ead changed the stream without a retrain, and nothing caught it.)"""
+    from benchmarks.train_tiny import build_task_tokenizer
+
+    built = json.loads(build_task_tokenizer(0).backend_tokenizer.to_str())["model"]
+    for role in TRAINED_ROLES:
+        facts = json.loads((TRAINED_DIR / role / "training.json").read_text())
+        shipped = json.loads((TRAINED_DIR / role / "tokenizer.json").read_text())["model"]
+        if facts.get("code_commit"):
+            assert facts["code_commit"] in (TRAINED_DIR / role / "README.md").read_text()
+        else:
+            assert shipped == built, f"{role}: the script no longer builds this tokenizer; retrain or pin the commit"
