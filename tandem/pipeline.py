@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from tandem import prompts
-from tandem.budget import BudgetPlan, StageEstimates, plan_reasoning
+from tandem.budget import StageEstimates, plan_reasoning
 from tandem.config import TandemConfig
 from tandem.errors import FeaturesLost, NotFound, StageTimeout
 from tandem.policies import POLICIES, POLICY_NAMES, Outcome
@@ -253,7 +253,7 @@ class _Run:
 
     @property
     def reasoning_cap(self) -> int:
-        """The request's own reasoning budget (bounded by the config's at the ingress), else the config's."""
+        """The request's own reasoning budget, never above the config's limit (nor is it past the ingress)."""
         limit = self.cfg.limits.reasoning_max_tokens
         return min(self.req.reasoning_max_tokens or limit, limit)
 
@@ -264,18 +264,24 @@ class _Run:
         if budget is None:
             return self.reasoning_cap
         est = self.p.estimates
-        # Features still encoding add their stage's time: the reasoning role's (it waits for them),
-        # and the large model's when its encode has not even started (`random` starts it at transfer).
-        pending = [r for r in ("small", "large") if self.req.images and (
-            (r == role and not (r in self._features and self._features[r].done()))
-            or (r != role and r not in self._features and any(s.startswith(r) for s in after)))]
-        rest = [est.get(s) for s in after] + [est.get(f"encode_{r}") for r in pending]
+        rest = [est.get(s) for s in after] + [est.get(f"encode_{r}") for r in self._encodes_ahead(role, after)]
         plan = plan_reasoning(budget, self.elapsed_ms(), self.reasoning_cap,
                               self.cfg.policy.budget_min_reasoning_tokens, est.get(f"{role}_reasoning"), rest)
         self.budget = {"latency_budget_ms": budget, "action": plan.action,
                        "reasoning_max_tokens": plan.reasoning_max_tokens,
                        "predicted_ms": None if plan.predicted_ms is None else round(plan.predicted_ms, 3)}
         return plan.reasoning_max_tokens
+
+    def _encodes_ahead(self, role: str, after: tuple[str, ...]) -> list[str]:
+        """The roles whose features a reasoning by `role` and the stages `after` it still wait for:
+        the role's own until they are there, and the large model's when its encode has not even
+        started (`random` starts it at the transfer)."""
+        if not self.req.images:
+            return []
+        ahead = [] if role in self._features and self._features[role].done() else [role]
+        if role != "large" and "large" not in self._features and any(s.startswith("large_") for s in after):
+            ahead.append("large")
+        return ahead
 
     async def reason(self, role: str, sink: TextSink | None = None,
                      max_tokens: int | None = None) -> tuple[str, list[str], str]:

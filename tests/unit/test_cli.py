@@ -32,3 +32,14 @@ def test_build_tiny_command(tmp_path):
     subprocess.run([sys.executable, "-m", "tandem.cli", "build-tiny", str(tmp_path / "ck"), "--size", "small"],
                    check=True, capture_output=True)
     assert (tmp_path / "ck" / "model.safetensors").exists() and (tmp_path / "ck" / "processor_config.json").exists()
+
+def test_ask_takes_a_policy_parameter_and_refuses_a_bad_one():
+    sample = json.loads((EXAMPLES / "grid.json").read_text())
+    cmd = [sys.executable, "-m", "tandem.cli", "ask", "--image", str(EXAMPLES / sample["image"]), "--json"]
+    out = subprocess.run(cmd + ["--policy", "confidence@0.99", "--reasoning-max-tokens", "4", sample["prompt"]],
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["params"] == {"threshold": 0.99}
+    assert result["path"] == "large" or result["tokens"]["small_reasoning"] <= 4
+    bad = subprocess.run(cmd + ["--policy", "mutual@0.5", sample["prompt"]], capture_output=True, text=True)
+    assert bad.returncode == 2 and "takes no parameter" in bad.stderr
