@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 
-from benchmarks.client import Asker
+from benchmarks.client import Asker, add_asker_args
 from benchmarks.metrics import percentile
 from benchmarks.strategies import is_correct, load_items
 
@@ -36,14 +35,9 @@ def run(ask: Asker, items, model: str, **options) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="grid")
-    ap.add_argument("--n", type=int, default=300)
-    ap.add_argument("--seed", type=int, default=0)
+    add_asker_args(ap, n=300)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--factors", default="0.5,1,2", help="budgets as multiples of always's p50")
-    ap.add_argument("--url")
-    ap.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"))
-    ap.add_argument("--config", help="in-process: YAML with Tandem args or a serve config")
     args = ap.parse_args(argv)
 
     items = load_items(args)

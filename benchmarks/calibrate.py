@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 from pathlib import Path
 
 import yaml
 
-from benchmarks.client import Asker
+from benchmarks.client import Asker, add_asker_args
 from benchmarks.datasets import Item
 from benchmarks.strategies import is_correct, load_items
 
@@ -75,13 +74,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", choices=["confidence"], default="confidence",
                     help="the policy whose threshold is calibrated (random's parameter is its rate already)")
     ap.add_argument("--target-transfer-rate", type=float, required=True)
-    ap.add_argument("--dataset", default="grid", help="grid (held-out items), a JSONL file or an MMBench TSV")
-    ap.add_argument("--n", type=int, default=400)
-    ap.add_argument("--seed", type=int, default=0, help="grid: which held-out items calibrate")
+    add_asker_args(ap, n=400)
     ap.add_argument("--check-seed", type=int, help="grid: measure the threshold's rate on these other held-out items")
-    ap.add_argument("--url", help="calibrate against this server's HTTP API instead of in-process")
-    ap.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"))
-    ap.add_argument("--config", help="in-process: YAML with Tandem args or a serve config (default: the trained pair)")
     ap.add_argument("--out", help="write the threshold as a serve-config overlay (YAML)")
     ap.add_argument("--base", help="with --out: a serve config to merge the threshold into (a whole config)")
     args = ap.parse_args(argv)

@@ -42,6 +42,16 @@ def item_body(item, policy: str = "mutual") -> dict:
         {"type": "image_url", "image_url": {"url": image}}, {"type": "text", "text": item.prompt()}]}]}
 
 
+def add_asker_args(ap, n: int) -> None:
+    """The item and endpoint options of the scripts that ask item by item through `Asker`."""
+    ap.add_argument("--dataset", default="grid", help="grid (held-out items), a JSONL file or an MMBench TSV")
+    ap.add_argument("--n", type=int, default=n, help="items (first n of a file)")
+    ap.add_argument("--seed", type=int, default=0, help="grid: which held-out items")
+    ap.add_argument("--url", help="through this server's HTTP API instead of in-process")
+    ap.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"))
+    ap.add_argument("--config", help="in-process: YAML with Tandem args or a serve config (default: the trained pair)")
+
+
 class Asker:
     """One policy's answer and trace for an item: in-process through the pipeline, or over HTTP."""
 
