@@ -250,16 +250,16 @@ def stream_rest(result: TandemResult, chat: ChatRequest, created: int, pieces: l
     return chunks
 
 
-def models_list(config: TandemConfig | None = None) -> dict:
+def models_list(config: TandemConfig) -> dict:
     """Every policy as a model, with what it does and its parameter (name, bounds, default)."""
     data = [{"id": MODEL_PREFIX, "object": "model", "created": 0, "owned_by": "tandem",
-             "tandem": {"policy": config.policy.default if config else None, "description": "the default policy"}}]
+             "tandem": {"policy": config.policy.default, "description": "the default policy"}}]
     for name, spec in POLICIES.items():
         meta = {"policy": name, "description": spec.description}
         if spec.param:
             p = spec.param
             meta["parameter"] = {"name": p.name, "min": p.low, "max": p.high, "description": p.description,
-                                 "default": getattr(config.policy, p.config_field) if config else None,
+                                 "default": getattr(config.policy, p.config_field),
                                  "example": f"{MODEL_PREFIX}:{name}@{(p.low + p.high) / 2:g}"}
         data.append({"id": f"{MODEL_PREFIX}:{name}", "object": "model", "created": 0, "owned_by": "tandem",
                      "tandem": meta})

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from tandem.agreement import answers_agree, normalize_answer
+from tandem.chat_schema import short
 from tandem.errors import BadRequest
 from tandem.schemas import Decision
 
@@ -79,8 +80,8 @@ class Param:
         except ValueError:
             value = math.nan
         if not self.low <= value <= self.high:  # NaN fails this too
-            raise BadRequest(f"model 'tandem:{policy}@{text[:40]}': {policy}'s {self.name} must be a number "
-                             f"from {self.low:g} to {self.high:g}", param="model")
+            raise BadRequest(f"model 'tandem:{policy}@...': {policy}'s {self.name} must be a number from "
+                             f"{self.low:g} to {self.high:g}; got {short(text)}", param="model")
         return value
 
 
@@ -92,7 +93,9 @@ Outcome = tuple[str, Any, Decision | None]  # (path, the final GenerationOutput,
 class Policy:
     name: str
     description: str
-    roles: tuple[str, ...]  # the models it always runs: their images are encoded up front, concurrently
+    # The models it is sure to run: their images are encoded up front, concurrently. A model that a
+    # decision may still call (confidence's small one) is encoded once the decision needs it.
+    roles: tuple[str, ...]
     run: Callable[[Run, float | None], Awaitable[Outcome]]
     param: Param | None = None
 
