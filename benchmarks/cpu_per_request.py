@@ -40,6 +40,11 @@ def cpu_seconds(processes: dict) -> dict[str, float]:
     return {k: sum(p.cpu_times()[:2]) for k, p in processes.items()}
 
 
+def ms_per_request(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
+    """Each process's CPU ms per request between two `cpu_seconds` readings over n requests."""
+    return {k: round((after[k] - before[k]) / n * 1000, 2) for k in before}
+
+
 def main(argv=None) -> int:
     import httpx
 
@@ -58,7 +63,7 @@ def main(argv=None) -> int:
         before, start = cpu_seconds(processes), time.perf_counter()
         paths = [http.post(f"{app.url}/v1/chat/completions", json=b).json()["tandem"]["path"] for b in bodies[5:]]
         after, wall = cpu_seconds(processes), time.perf_counter() - start
-    per = {k: round((after[k] - before[k]) / len(paths) * 1000, 2) for k in before}
+    per = ms_per_request(before, after, len(paths))
     total = round(sum(per.values()), 1)
     print(f"{len(paths)} requests, {wall / len(paths) * 1000:.1f} ms each, "
           f"{paths.count('transfer') / len(paths):.0%} transferred; CPU ms per request:")

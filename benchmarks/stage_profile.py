@@ -167,7 +167,7 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dic
     import httpx
 
     from benchmarks.client import item_body
-    from benchmarks.cpu_per_request import app_processes, cpu_seconds
+    from benchmarks.cpu_per_request import app_processes, cpu_seconds, ms_per_request
     from benchmarks.grid import grid_items
 
     overhead, paths, stages, calls = [], [], {}, {"encode": [], "generate": []}
@@ -188,8 +188,7 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dic
                 # the call's time beyond the model server's own (queue, batch wait, prefill, decode)
                 calls["generate"].append(lat[name] - s["queue_ms"] - s["decode_ms"])
             calls["encode"] += [lat[k] for k in ("encode_small", "encode_large") if k in lat]
-    cpu_after = cpu_seconds(processes)
-    cpu = {k: round((cpu_after[k] - cpu_before[k]) / n * 1000, 2) for k in cpu_before}
+    cpu = ms_per_request(cpu_before, cpu_seconds(processes), n)
     workload = {"policy": "mutual", "requests": n, "images": 1,
                 "transfer_rate": round(paths.count("transfer") / n, 4),
                 "stages": {name: {"prompt_tokens": round(statistics.mean(p for p, _ in v), 1),

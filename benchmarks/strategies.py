@@ -214,22 +214,13 @@ class InProcess:
         return runs
 
 
-def run_http(url: str, items: list[Item], policy: str, api_key: str | None) -> list[dict]:
-    import httpx
-
-    from benchmarks.client import item_body
-
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def run_http(ask, items: list[Item], policy: str) -> list[dict]:
+    """`policy` on every item through a server's API (`ask`: a benchmarks.client.Asker on its URL)."""
     runs = []
-    with httpx.Client(timeout=300, headers=headers) as http:
-        for item in items:
-            r = http.post(f"{url}/v1/chat/completions", json=item_body(item, policy))
-            r.raise_for_status()
-            data = r.json()
-            t = data["tandem"]
-            runs.append(record(item, data["choices"][0]["message"]["content"], t["latency_ms"]["total"],
-                               t["tokens"], t["path"], t["transferred_tokens"]))
-            runs[-1]["trace"] = t
+    for item in items:
+        answer, t = ask(item, policy)
+        runs.append(record(item, answer, t["latency_ms"]["total"], t["tokens"], t["path"], t["transferred_tokens"]))
+        runs[-1]["trace"] = t
     return runs
 
 
@@ -361,6 +352,9 @@ def main(argv=None) -> int:
     runner = None if args.url else InProcess(config)
     if runner:
         runner.compare_budget = compare_budget
+    else:
+        from benchmarks.client import Asker
+        ask = Asker(args.url, args.api_key, None)
     plan = [(p, None) for p in policies if p != "small_direct" or not args.url]
     plan += [("always", s) for s in SELECTORS] if extras else []
     runs: dict[str, list[dict]] = {}
@@ -368,7 +362,7 @@ def main(argv=None) -> int:
     for policy, selector in tqdm(plan, desc="policies", disable=None):
         name = policy + (f"/{selector}@{compare_budget}" if selector else "")
         if args.url:
-            runs[name] = run_http(args.url, items, policy, args.api_key)
+            runs[name] = run_http(ask, items, policy)
         else:
             runs[name] = runner.small_direct(items) if policy == "small_direct" else runner.run(items, policy, selector)
         print_row(row(name, runs[name]))

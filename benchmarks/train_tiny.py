@@ -1,6 +1,6 @@
 """Trains the tiny Qwen3-VL pair on the grid task (DESIGN §9) and writes the checkpoints Tandem ships.
 
-    python -m benchmarks.train_tiny --role large         # into tandem/trained/large (~14 min, 1 thread)
+    python -m benchmarks.train_tiny --role large         # into tandem/trained/large (~16 min, 1 thread)
     python -m benchmarks.train_tiny --role small         # into tandem/trained/small (~12 min, 1 thread)
     python -m benchmarks.train_tiny --role small --steps 20 --out /tmp/t   # a smoke run
     python -m benchmarks.train_tiny --card results/strategies-*/strategies.json   # model cards with accuracy
@@ -69,7 +69,7 @@ MIX = {"small": {"direct": 0.3, "reason": 0.6, "caption": 0.1},
 # caption-only steps. Steps are sized to 12-15 min per role on one core of this 2-core machine.
 # The large model takes twice the optimizer steps at half the batch (the same examples): at 2,000
 # steps x 32 it never learned to look a named cell up (direct answers 35 % on held-out items); at
-# 4,000 x 16 it did (65 %, perceive 86 %); at 8,000 x 8, not (43 %). One seed each (README, levers).
+# 4,000 x 16 it did (65 %, perceive 86 %), but not reliably: two of five such runs made it (README, levers).
 DEFAULTS = {"small": dict(steps=3000, lr=3e-3, read_first=0.2, batch_size=32),
             "large": dict(steps=4000, lr=3e-3, read_first=0.25, batch_size=16)}
 CORRUPT_P = 0.25  # share of transfer examples whose hint misreads a cell

@@ -46,7 +46,7 @@ def _cmd_ask(args) -> int:
     config = load_tandem_config(read_tandem_args(args.config))
     images = [Path(p).read_bytes() for p in args.image]
     tandem = LocalTandem(config)
-    policy, param = parse_policy_id(args.policy) if args.policy else (None, None)
+    policy, param = args.policy or (None, None)
     result = tandem.ask(AskRequest(question=args.question, images=images, policy=policy, policy_param=param,
                                    max_tokens=args.max_tokens, reasoning_max_tokens=args.reasoning_max_tokens,
                                    latency_budget_ms=args.latency_budget_ms, request_id="cli"))
@@ -89,14 +89,14 @@ def _cmd_validate_config(args) -> int:
     return 2 if problems else 0
 
 
-def _policy_id(text: str) -> str:
+def _policy_id(text: str) -> tuple[str, float | None]:
+    """`--policy POLICY[@VALUE]` parsed once, as the API parses a model id: (policy, parameter)."""
     try:
-        parse_policy_id(text)
+        return parse_policy_id(text)
     except KeyError:
         raise argparse.ArgumentTypeError(f"unknown policy {text!r}; known: {', '.join(POLICY_NAMES)}") from None
     except TandemError as err:
         raise argparse.ArgumentTypeError(err.message) from None
-    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
