@@ -38,7 +38,7 @@ from pathlib import Path
 from PIL import Image
 
 from benchmarks.datasets import LETTERS
-from benchmarks.grid import PREAMBLE, GridItem, caption, corrupt_trace, grid_item, train_seed
+from benchmarks.grid import COLOURS, EMPTY, PREAMBLE, TIERS, GridItem, caption, corrupt_trace, grid_item, train_seed
 from tandem import prompts
 from tandem.checkpoints import TRAINED_DIR, _corpus, build_tokenizer, new_tiny, save_checkpoint
 from tandem.config import SelectorConfig
@@ -109,6 +109,9 @@ def render_example(item: GridItem, role: str, objective: str, tokenizer, rng: ra
         # After "Answer:" the space belongs to the answer's word, as BPE splits natural text.
         space = " " if fmt == "prompted" else ""
         return prompt, prompts.answer_after_reasoning(prompt, item.trace, fmt)[len(prompt):] + space + answer
+    if objective == "lookup":
+        question, target = value_sum(rng)
+        return prompts.direct_prompt(question, 1, fmt), target + EOS
     trace = corrupt_trace(item, rng)[0] if rng.random() < CORRUPT_P else item.trace
     return prompts.transfer_prompt(question, 1, excerpt(trace, tokenizer, rng), fmt), answer
 
@@ -120,6 +123,24 @@ def cell_reading(cells, rng: random.Random, n: int = 8) -> tuple[str, str]:
     picks = rng.sample([(r, c) for r in range(1, side + 1) for c in range(1, side + 1)], n)
     question = f"{PREAMBLE} Name the colour of these cells: " + "; ".join(f"row {r}, column {c}" for r, c in picks) + "."
     return question, " ".join(f"row {r}, column {c}: {cells[r - 1][c - 1]}." for r, c in picks)
+
+
+def value_sum(rng: random.Random, n: int = 8) -> tuple[str, str]:
+    """(question, target): a compose question over n colours named in the text instead of read from
+    the image, answered as a compose trace is ("yellow 3 (3) red 5 (8) ... total 8."): dense
+    supervision of the two steps of compose traces the first trained small model missed — it read
+    every cell right but copied the wrong value in 50 of 60 held-out traces, and once it copied them
+    right, the running sum modulo 10 was its next error."""
+    values = [(c, rng.randint(1, 9)) for c in COLOURS] + [(EMPTY, 0)]
+    listed = ", ".join(f"{c} {v}" for c, v in values if c != EMPTY)
+    picks = [rng.choice(values) for _ in range(n)]
+    question = (f"{PREAMBLE} Each colour has a value: {listed}, white 0. Add up the values of these "
+                f"colours: {', '.join(c for c, _ in picks)}. What is the total modulo 10?")
+    total, words = 0, []
+    for colour, value in picks:
+        total = (total + value) % 10
+        words.append(f"{colour} {value} ({total})")
+    return question, " ".join(words) + f". total {total}."
 
 
 def task_corpus(n: int = 1500, seed: int = 0) -> list[str]:
@@ -144,14 +165,19 @@ class Batcher:
     batch of short direct prompts is not padded to the length of transfer prompts (1.5-2x fewer
     tokens a step for the large model)."""
 
-    def __init__(self, role: str, tokenizer, image_processor, image_token_id: int, seed: int):
+    def __init__(self, role: str, tokenizer, image_processor, image_token_id: int, seed: int,
+                 reason_tiers: dict[str, float] | None = None):
         self.role, self.tok, self.proc, self.image_token_id = role, tokenizer, image_processor, image_token_id
+        self.reason_tiers = reason_tiers
         self.rng = random.Random(seed)
         self.seed, self.next_item = seed, 0
-        self.mix = MIX[role]
+        self.mix = MIX[role]  # train() sets it per step
 
     def example(self, objective: str):
-        item = grid_item(train_seed(self.seed, self.next_item))
+        tier = None
+        if objective == "reason" and self.reason_tiers:
+            tier = self.rng.choices(list(self.reason_tiers), weights=list(self.reason_tiers.values()))[0]
+        item = grid_item(train_seed(self.seed, self.next_item), tier=tier)
         self.next_item += 1
         prompt, target = render_example(item, self.role, objective, self.tok, self.rng)
         image = Image.open(io.BytesIO(item.image)).convert("RGB")
@@ -220,9 +246,12 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.25, batch_size: int = 32,
-          seed: int = 0, tokenizer=None, bf16: bool = False, progress: bool = True) -> dict:
+          seed: int = 0, tokenizer=None, bf16: bool = False, progress: bool = True,
+          mix: dict[str, float] | None = None, reason_tiers: dict[str, float] | None = None) -> dict:
     """Train one role from scratch and save it to out; returns the facts for its model card."""
     import torch
+
+    mix = mix or MIX[role]
     from tqdm import tqdm
 
     torch.manual_seed(seed)
@@ -230,13 +259,13 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
     init_vision_positions(model)
     batcher = Batcher(role, tokenizer, processor.image_processor, model.config.image_token_id,
-                      seed=seed * 2 + (role == "large"))
+                      seed=seed * 2 + (role == "large"), reason_tiers=reason_tiers)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     model.train()
     losses, start = [], time.perf_counter()
     bar = tqdm(range(steps), desc=f"train {role}", disable=not progress, mininterval=2)
     for step in bar:
-        batcher.mix = {"caption": 1.0} if step < read_first * steps else MIX[role]
+        batcher.mix = {"caption": 1.0} if step < read_first * steps else mix
         for group in optim.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup=max(1, steps // 20))
         batch = batcher.batch(batch_size)
@@ -260,8 +289,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "bf16_autocast": bf16, "threads": torch.get_num_threads(), "train_seconds": round(seconds, 1),
              "parameters": sum(p.numel() for p in model.parameters()),
              "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
-             "read_first": read_first, "mix": MIX[role], "random_access_p": RANDOM_ACCESS_P,
-             "corrupt_hint_p": CORRUPT_P if "transfer" in MIX[role] else None,
+             "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers or "the task's", "random_access_p": RANDOM_ACCESS_P,
+             "corrupt_hint_p": CORRUPT_P if "transfer" in mix else None,
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),
@@ -344,6 +373,22 @@ def write_card(folder: Path, results: dict | None) -> None:
     (folder / "README.md").write_text("\n".join(card))
 
 
+OBJECTIVES = ("direct", "reason", "transfer", "caption", "lookup")
+
+
+def parse_shares(known: tuple[str, ...]):
+    """An argparse type: "a=0.3,b=0.7" over the known names."""
+    def parse(text: str) -> dict[str, float]:
+        shares = {}
+        for part in text.split(","):
+            name, _, share = part.partition("=")
+            if name.strip() not in known:
+                raise argparse.ArgumentTypeError(f"unknown name {name.strip()!r}; known: {', '.join(known)}")
+            shares[name.strip()] = float(share)
+        return shares
+    return parse
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--role", choices=["small", "large", "both"], default="both")
@@ -356,6 +401,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, help="default: per role (small 32, large 16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast (≈10 % faster for the large model here; fp32 by default)")
+    ap.add_argument("--mix", type=parse_shares(OBJECTIVES), help="objectives' shares after the first reading steps, e.g. "
+                    "direct=0.3,reason=0.5,caption=0.1,lookup=0.1; default per role (MIX)")
+    ap.add_argument("--reason-tiers", type=parse_shares(TIERS),
+                    help="tiers of the reasoning examples, e.g. perceive=0.2,count=0.4,compose=0.4; default the task's mix")
     ap.add_argument("--card", metavar="STRATEGIES_JSON",
                     help="only (re)write the model cards, with the accuracy table of this strategies.json")
     args = ap.parse_args(argv)
@@ -373,7 +422,8 @@ def main(argv=None) -> int:
         d = DEFAULTS[role]
         facts = train(role, Path(args.out) / role, steps=args.steps or d["steps"], lr=args.lr or d["lr"],
                       read_first=d["read_first"], batch_size=args.batch_size or d["batch_size"], seed=args.seed,
-                      tokenizer=tokenizer, bf16=args.bf16)
+                      tokenizer=tokenizer, bf16=args.bf16, mix=args.mix,
+                      reason_tiers=args.reason_tiers)
         write_card(Path(args.out) / role, None)
         print(json.dumps(facts))
     return 0

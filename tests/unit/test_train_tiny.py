@@ -55,3 +55,45 @@ def test_a_short_run_learns_and_saves_a_loadable_checkpoint(tmp_path, tokenizer)
     assert facts["prompt_fingerprint"] == prompts.template_fingerprint()
     model = AutoModelForImageTextToText.from_pretrained(tmp_path / "small")
     assert model.config.text_config.hidden_size == 64 and (tmp_path / "small" / "training.json").exists()
+
+
+def test_value_sums_are_written_as_compose_traces_and_are_right():
+    """The lookup objective teaches the compose traces' copying and adding steps: every value must be
+    the one the question lists for that colour, every running sum right modulo 10, the format the
+    compose traces' own."""
+    import re
+
+    from benchmarks.train_tiny import value_sum
+
+    rng = random.Random(3)
+    for _ in range(50):
+        question, target = value_sum(rng)
+        listed = {c: int(v) for c, v in re.findall(r"(\w+) (\d)\b", question.split("these")[0])}
+        asked = question.split("colours: ")[1].split(". What")[0].split(", ")
+        steps = re.findall(r"(\w+) (\d) \((\d)\)", target)
+        assert [c for c, _, _ in steps] == asked and listed["white"] == 0
+        total = 0
+        for colour, value, running in steps:
+            total = (total + listed[colour]) % 10
+            assert int(value) == listed[colour] and int(running) == total
+        assert target.endswith(f". total {total}.")
+
+
+def test_a_mix_names_known_objectives_only():
+    import argparse
+
+    from benchmarks.train_tiny import OBJECTIVES, parse_shares
+
+    parse_mix = parse_shares(OBJECTIVES)
+    assert parse_mix("direct=0.3, reason=0.5,lookup=0.2") == {"direct": 0.3, "reason": 0.5, "lookup": 0.2}
+    with pytest.raises(argparse.ArgumentTypeError, match="known"):
+        parse_mix("direct=0.5,thinking=0.5")
+
+
+def test_reasoning_examples_follow_the_tier_mix_they_are_given():
+    from benchmarks.train_tiny import Batcher
+
+    batcher = Batcher("small", None, None, 0, seed=0, reason_tiers={"compose": 1.0})
+    assert all("modulo 10" in batcher.example("reason")[0] for _ in range(20))
+    batcher.reason_tiers = None  # the task's own mix: perceive questions among them
+    assert not all("modulo 10" in batcher.example("reason")[0] for _ in range(20))
