@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tandem.errors import ConfigError
-from tandem.policies import POLICY_NAMES
+from tandem.policies import POLICIES, POLICY_NAMES
 
 PolicyName = Literal[POLICY_NAMES]  # type: ignore[valid-type]
 SelectorName = Literal["full", "budget", "attention"]
@@ -55,12 +55,14 @@ class PolicyConfig(_Strict):
     """Which policy runs by default and the knobs of the ones that decide."""
 
     default: PolicyName = Field("mutual", description="Policy for model name `tandem`.")
+    # Bounds from the policy table, which also checks a per-request value against them.
     confidence_threshold: float = Field(
-        0.5, ge=0.0, le=1.0, description="`confidence`, `confidence_mutual`: transfer when the large model's "
-                                         "mean answer-token probability is under this "
-                                         "(per request: tandem:confidence@<threshold>).")
-    random_transfer_p: float = Field(0.5, ge=0.0, le=1.0, description="`random`: probability of a transfer "
-                                                                                "(per request: tandem:random@<p>).")
+        0.5, ge=POLICIES["confidence"].param.low, le=POLICIES["confidence"].param.high,
+        description="`confidence`, `confidence_mutual`: transfer when the large model's mean answer-token "
+                    "probability is under this (per request: tandem:confidence@<threshold>).")
+    random_transfer_p: float = Field(
+        0.5, ge=POLICIES["random"].param.low, le=POLICIES["random"].param.high,
+        description="`random`: probability of a transfer (per request: tandem:random@<p>).")
     speculative: bool = Field(False, description="`mutual`: start the small model's reasoning during "
                                                  "stage 1 and cancel it when the answers agree.")
     seed: int = Field(0, description="Seed of the `random` policy's draws.")

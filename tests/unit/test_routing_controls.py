@@ -209,3 +209,11 @@ async def test_small_policy_under_a_tight_budget_answers_directly():
     pipeline.estimates.stages["small_answer"] = Estimate(5, 0)
     result = await ask(pipeline, "small", latency_budget_ms=15)
     assert result.path == "small_direct" and set(result.tokens) == {"small_direct"}
+
+
+@pytest.mark.parametrize("field,value", [("confidence_threshold", 1.5), ("random_transfer_p", -0.1)])
+def test_a_configured_default_outside_its_policys_bounds_is_refused(field, value):
+    from tandem.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        load_tandem_config({"policy": {field: value}})
