@@ -1,0 +1,96 @@
+"""Where a trained model's reasoning traces go wrong on the grid task: each trace is compared word by
+word with the program's, and its first wrong word is classed by the step that wrote it.
+
+    python -m benchmarks.trace_errors --role small --tier compose --n 60
+    python -m benchmarks.trace_errors --role large --tier count --config other.yaml
+
+Steps: `colour` (a cell read from the image), `value` (a compose value copied from the question, or
+a count's per-row / per-cell figure), `sum` (a running total in parentheses), `end` (the trace
+stopped early or ran on), anything else by its word. Greedy decoding through Tandem's own stages
+and prompts (the reasoning stage as the pipeline runs it), on held-out items. The last line is JSON:
+`{"benchmark": "trace_errors", "role", "tier", "n", "exact", "first_wrong": {step: count}}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+
+from benchmarks.grid import PALETTE, TIERS, GridItem, grid_items
+
+
+def first_wrong(gold: str, text: str) -> str | None:
+    """The step of the first word where `text` leaves the program's trace `gold`; None if it follows
+    it to its end."""
+    gw, tw = gold.split(), text.split()
+    for g, t in zip(gw, tw):
+        if g != t:
+            return step_of(g)
+    return None if len(tw) >= len(gw) else "end"
+
+
+def step_of(word: str) -> str:
+    bare = word.strip(".;,:")
+    if bare in PALETTE:
+        return "colour"
+    if word.startswith("("):
+        return "sum"
+    return "value" if bare.isdigit() else bare
+
+
+def traces(config, role: str, items: list[GridItem]) -> list[str]:
+    from benchmarks.strategies import InProcess
+    from tandem import prompts
+    from tandem.schemas import GenerationRequest, SamplingParams
+
+    runner = InProcess(config)
+    fmt = getattr(config, role).reasoning_format
+    sampling = SamplingParams(max_tokens=config.limits.reasoning_max_tokens, stop=(prompts.reasoning_stop(fmt),))
+
+    async def one(item):
+        feats = await runner.stages.encode([item.image], role)
+        prompt = prompts.reasoning_prompt(item.prompt(), 1, fmt)
+        return (await getattr(runner.stages, role)(GenerationRequest(prompt, feats, sampling))).text.strip()
+
+    return [asyncio.run(one(item)) for item in items]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--role", choices=["small", "large"], default="small")
+    ap.add_argument("--tier", choices=TIERS, default="compose")
+    ap.add_argument("--n", type=int, default=60, help="held-out items of the tier")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", help="YAML with Tandem args or a serve config; default: the trained pair")
+    ap.add_argument("--show", type=int, default=3, help="print this many wrong traces beside the program's")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from tandem.cli import read_tandem_args
+    from tandem.config import load_tandem_config
+
+    config = load_tandem_config(read_tandem_args(args.config))
+    pool = grid_items(args.n * 8, seed=args.seed)
+    items = [it for it in pool if it.tier == args.tier][: args.n]
+    counts: dict[str, int] = {}
+    exact, shown = 0, 0
+    for item, text in zip(items, traces(config, args.role, items)):
+        step = first_wrong(item.trace, text)
+        if step is None:
+            exact += 1
+            continue
+        counts[step] = counts.get(step, 0) + 1
+        if shown < args.show:
+            print(f"program: {item.trace}\nmodel:   {text}\n")
+            shown += 1
+    print(f"{args.role} on {len(items)} held-out {args.tier} items ({config.small.model if args.role == 'small' else config.large.model}): "
+          f"{exact} traces right to the end; first wrong step: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])))
+    print(json.dumps({"benchmark": "trace_errors", "role": args.role, "tier": args.tier, "n": len(items),
+                      "exact": exact, "first_wrong": counts}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
