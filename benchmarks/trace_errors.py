@@ -84,8 +84,9 @@ def main(argv=None) -> int:
         if shown < args.show:
             print(f"program: {item.trace}\nmodel:   {text}\n")
             shown += 1
-    print(f"{args.role} on {len(items)} held-out {args.tier} items ({config.small.model if args.role == 'small' else config.large.model}): "
-          f"{exact} traces right to the end; first wrong step: "
+    model = getattr(config, args.role).model
+    print(f"{args.role} on {len(items)} held-out {args.tier} items ({model}): {exact} traces right to the end; "
+          "first wrong step: "
           + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])))
     print(json.dumps({"benchmark": "trace_errors", "role": args.role, "tier": args.tier, "n": len(items),
                       "exact": exact, "first_wrong": counts}))

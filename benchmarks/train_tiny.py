@@ -253,10 +253,9 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
           mix: dict[str, float] | None = None, reason_tiers: dict[str, float] | None = None) -> dict:
     """Train one role from scratch and save it to out; returns the facts for its model card."""
     import torch
-
-    mix = mix or MIX[role]
     from tqdm import tqdm
 
+    mix = mix or MIX[role]
     torch.manual_seed(seed)
     tokenizer = tokenizer or build_task_tokenizer(seed)
     model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
@@ -292,7 +291,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "bf16_autocast": bf16, "threads": torch.get_num_threads(), "train_seconds": round(seconds, 1),
              "parameters": sum(p.numel() for p in model.parameters()),
              "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
-             "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers or "the task's", "random_access_p": RANDOM_ACCESS_P,
+             "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers or "the task's",
+             "random_access_p": RANDOM_ACCESS_P,
              "corrupt_hint_p": CORRUPT_P if "transfer" in mix else None,
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
@@ -403,11 +403,14 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, help="peak learning rate; default per role")
     ap.add_argument("--batch-size", type=int, help="default: per role (small 32, large 16)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (≈10 % faster for the large model here; fp32 by default)")
-    ap.add_argument("--mix", type=parse_shares(OBJECTIVES), help="objectives' shares after the first reading steps, e.g. "
-                    "direct=0.3,reason=0.5,caption=0.1,lookup=0.1; default per role (MIX)")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16 autocast (≈10 %% faster for the large model here; fp32 by default)")
+    ap.add_argument("--mix", type=parse_shares(OBJECTIVES),
+                    help="objectives' shares after the first reading steps, e.g. "
+                         "direct=0.3,reason=0.5,caption=0.1,lookup=0.1; default per role (MIX)")
     ap.add_argument("--reason-tiers", type=parse_shares(TIERS),
-                    help="tiers of the reasoning examples, e.g. perceive=0.2,count=0.4,compose=0.4; default the task's mix")
+                    help="tiers of the reasoning examples, e.g. perceive=0.2,count=0.4,compose=0.4; "
+                         "default the task's mix")
     ap.add_argument("--card", metavar="STRATEGIES_JSON",
                     help="only (re)write the model cards, with the accuracy table of this strategies.json")
     args = ap.parse_args(argv)

@@ -97,3 +97,11 @@ def test_reasoning_examples_follow_the_tier_mix_they_are_given():
     assert all("modulo 10" in batcher.example("reason")[0] for _ in range(20))
     batcher.reason_tiers = None  # the task's own mix: perceive questions among them
     assert not all("modulo 10" in batcher.example("reason")[0] for _ in range(20))
+
+
+def test_the_command_prints_its_help(capsys):
+    from benchmarks.train_tiny import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0 and "--reason-tiers" in capsys.readouterr().out
