@@ -5,9 +5,11 @@ word with the program's, and its first wrong word is classed by the step that wr
     python -m benchmarks.trace_errors --role large --tier count --config other.yaml
 
 Steps: `colour` (a cell read from the image), `value` (a compose value copied from the question, or
-a count's per-row / per-cell figure), `sum` (a running total in parentheses), `end` (the trace
-stopped early or ran on), anything else by its word. Greedy decoding through Tandem's own stages
-and prompts (the reasoning stage as the pipeline runs it), on held-out items. The last line is JSON:
+a count's per-row figure), `sum` (a running total in parentheses), `end` (the trace stopped early),
+anything else by its word; a trace that follows the program's to its end counts as right. Decoded
+through Tandem's own stages and prompts, with the reasoning stage's request (prompt, stop, cap) as
+the pipeline sends it, greedy (as the trained checkpoints' generation config decodes), on held-out
+items. The last line is JSON:
 `{"benchmark": "trace_errors", "role", "tier", "n", "exact", "first_wrong": {step: count}}`.
 """
 

@@ -292,7 +292,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "bf16_autocast": bf16, "threads": torch.get_num_threads(), "train_seconds": round(seconds, 1),
              "parameters": sum(p.numel() for p in model.parameters()),
              "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
-             "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers or "the task's",
+             "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers,  # None: the task's own mix
              "random_access_p": RANDOM_ACCESS_P,
              "corrupt_hint_p": CORRUPT_P if "transfer" in mix else None,
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).

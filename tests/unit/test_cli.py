@@ -33,6 +33,7 @@ def test_build_tiny_command(tmp_path):
                    check=True, capture_output=True)
     assert (tmp_path / "ck" / "model.safetensors").exists() and (tmp_path / "ck" / "processor_config.json").exists()
 
+
 def test_ask_takes_a_policy_parameter_and_refuses_a_bad_one():
     sample = json.loads((EXAMPLES / "grid.json").read_text())
     cmd = [sys.executable, "-m", "tandem.cli", "ask", "--image", str(EXAMPLES / sample["image"]), "--json"]
