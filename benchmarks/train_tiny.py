@@ -23,7 +23,9 @@ continues it:
 - lookup (off by default; `--mix ...,lookup=0.2`): a compose trace over colours named in the text
   instead of the image — eight value copies and running sums per example (README, levers: at 20 %
   one run's compose answers after reasoning went 25 -> 71 %, but it lost its count traces; no recipe
-  with it has beaten the shipped small model yet).
+  with it has beaten the shipped small model yet);
+- tally (off by default; `--mix ...,tally=0.1`): a count trace over rows written in the text instead
+  of read from the image — the counting step the large model's count traces miss (README, levers).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -42,7 +44,8 @@ from pathlib import Path
 from PIL import Image
 
 from benchmarks.datasets import LETTERS
-from benchmarks.grid import COLOURS, EMPTY, PREAMBLE, TIERS, GridItem, caption, corrupt_trace, grid_item, train_seed
+from benchmarks.grid import (COLOURS, EMPTY, PREAMBLE, TIERS, GridItem, caption, corrupt_trace, grid_item,
+                            reasoning_trace, train_seed)
 from tandem import prompts
 from tandem.checkpoints import TRAINED_DIR, _corpus, build_tokenizer, new_tiny, save_checkpoint
 from tandem.config import SelectorConfig
@@ -116,6 +119,9 @@ def render_example(item: GridItem, role: str, objective: str, tokenizer, rng: ra
     if objective == "lookup":
         question, target = value_sum(rng)
         return prompts.direct_prompt(question, 1, fmt), target + EOS
+    if objective == "tally":
+        question, target = row_tally(item.cells, rng)
+        return prompts.direct_prompt(question, 1, fmt), target + EOS
     trace = corrupt_trace(item, rng)[0] if rng.random() < CORRUPT_P else item.trace
     return prompts.transfer_prompt(question, 1, excerpt(trace, tokenizer, rng), fmt), answer
 
@@ -145,6 +151,17 @@ def value_sum(rng: random.Random, n: int = 8) -> tuple[str, str]:
         total = (total + value) % 10
         words.append(f"{colour} {value} ({total})")
     return question, " ".join(words) + f". total {total}."
+
+
+def row_tally(cells, rng: random.Random) -> tuple[str, str]:
+    """(question, target): a count question over rows written in the text instead of read from the
+    image, answered as a count trace is ("row 1: red green red green; red 2 (2). ... total 5."): dense
+    supervision of the step the shipped large model's count traces miss — it writes a row right,
+    then miscounts it (39 of 40 held-out traces)."""
+    present = sorted({c for row in cells for c in row} - {EMPTY})
+    colour = rng.choice(present)
+    question = f"{PREAMBLE} The rows read: {caption(cells)} How many {colour} cells are there?"
+    return question, reasoning_trace(cells, "count", colour)
 
 
 def task_corpus(n: int = 1500, seed: int = 0) -> list[str]:
@@ -377,7 +394,7 @@ def write_card(folder: Path, results: dict | None) -> None:
     (folder / "README.md").write_text("\n".join(card))
 
 
-OBJECTIVES = ("direct", "reason", "transfer", "caption", "lookup")
+OBJECTIVES = ("direct", "reason", "transfer", "caption", "lookup", "tally")
 
 
 def parse_shares(known: tuple[str, ...]):

@@ -79,6 +79,30 @@ def test_value_sums_are_written_as_compose_traces_and_are_right():
         assert target.endswith(f". total {total}.")
 
 
+def test_row_tallies_copy_the_written_rows_and_count_them_right():
+    """The tally objective teaches the count traces' counting step from rows given in the text: the
+    rows the target reads must be the ones the question writes, each count recomputed here from the
+    written row, the running count and total right."""
+    import re
+
+    from benchmarks.grid import grid_item
+    from benchmarks.train_tiny import row_tally
+
+    rng = random.Random(4)
+    for i in range(50):
+        cells = grid_item(i).cells
+        question, target = row_tally(cells, rng)
+        written = re.findall(r"row \d: ([a-z ]+)\.", question)
+        colour = question.split("How many ")[1].split(" cells")[0]
+        steps = re.findall(r"row \d: ([a-z ]+); (\w+) (\d) \((\d+)\)", target)
+        assert [row for row, *_ in steps] == written == [" ".join(r) for r in cells]
+        running = 0
+        for row, named, count, total in steps:
+            running += row.split().count(colour)
+            assert named == colour and int(count) == row.split().count(colour) and int(total) == running
+        assert target.endswith(f" total {running}.") and running > 0  # the colour asked about is present
+
+
 def test_a_mix_names_known_objectives_only():
     import argparse
 
