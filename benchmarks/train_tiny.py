@@ -266,9 +266,21 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def mix_at(step: int, steps: int, read_first: float, mix: dict[str, float],
+           finish_mix: dict[str, float] | None = None, finish_share: float = 0.0) -> dict[str, float]:
+    """The objectives' mix of one step: captions only for the first `read_first` of the steps, the
+    role's mix, and `finish_mix` for the last `finish_share` of them when given."""
+    if step < read_first * steps:
+        return {"caption": 1.0}
+    if finish_mix and step >= (1 - finish_share) * steps:
+        return finish_mix
+    return mix
+
+
 def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.25, batch_size: int = 32,
           seed: int = 0, tokenizer=None, bf16: bool = False, progress: bool = True,
-          mix: dict[str, float] | None = None, reason_tiers: dict[str, float] | None = None) -> dict:
+          mix: dict[str, float] | None = None, reason_tiers: dict[str, float] | None = None,
+          finish_mix: dict[str, float] | None = None, finish_share: float = 0.2) -> dict:
     """Train one role from scratch and save it to out; returns the facts for its model card."""
     import torch
     from tqdm import tqdm
@@ -285,7 +297,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     losses, start = [], time.perf_counter()
     bar = tqdm(range(steps), desc=f"train {role}", disable=not progress, mininterval=2)
     for step in bar:
-        batcher.mix = {"caption": 1.0} if step < read_first * steps else mix
+        batcher.mix = mix_at(step, steps, read_first, mix, finish_mix, finish_share)
         for group in optim.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup=max(1, steps // 20))
         batch = batcher.batch(batch_size)
@@ -310,6 +322,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "parameters": sum(p.numel() for p in model.parameters()),
              "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
              "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers,  # None: the task's own mix
+             "finish_mix": finish_mix, "finish_share": finish_share if finish_mix else None,
              "random_access_p": RANDOM_ACCESS_P,
              "corrupt_hint_p": CORRUPT_P if "transfer" in mix else None,
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
@@ -426,6 +439,10 @@ def main(argv=None) -> int:
     ap.add_argument("--mix", type=parse_shares(OBJECTIVES),
                     help="objectives' shares after the first reading steps, e.g. "
                          "direct=0.3,reason=0.5,caption=0.1,lookup=0.1; default per role (MIX)")
+    ap.add_argument("--finish-mix", type=parse_shares(OBJECTIVES),
+                    help="another mix for the last --finish-share of the steps (e.g. direct-heavy after a "
+                         "reasoning-heavy mix); default none")
+    ap.add_argument("--finish-share", type=float, default=0.2)
     ap.add_argument("--reason-tiers", type=parse_shares(TIERS),
                     help="tiers of the reasoning examples, e.g. perceive=0.2,count=0.4,compose=0.4; "
                          "default the task's mix")
@@ -447,7 +464,8 @@ def main(argv=None) -> int:
         facts = train(role, Path(args.out) / role, steps=args.steps or d["steps"], lr=args.lr or d["lr"],
                       read_first=d["read_first"], batch_size=args.batch_size or d["batch_size"], seed=args.seed,
                       tokenizer=tokenizer, bf16=args.bf16, mix=args.mix,
-                      reason_tiers=args.reason_tiers)
+                      reason_tiers=args.reason_tiers, finish_mix=args.finish_mix,
+                      finish_share=args.finish_share)
         write_card(Path(args.out) / role, None)
         print(json.dumps(facts))
     return 0

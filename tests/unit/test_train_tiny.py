@@ -103,6 +103,15 @@ def test_row_tallies_copy_the_written_rows_and_count_them_right():
         assert target.endswith(f" total {running}.") and running > 0  # the colour asked about is present
 
 
+def test_the_mix_reads_first_and_finishes_with_the_finishing_mix():
+    from benchmarks.train_tiny import mix_at
+
+    mix, finish = {"reason": 1.0}, {"direct": 1.0}
+    seen = [next(iter(mix_at(step, 100, 0.2, mix, finish, 0.25))) for step in range(100)]
+    assert seen == ["caption"] * 20 + ["reason"] * 55 + ["direct"] * 25
+    assert {next(iter(mix_at(step, 100, 0.2, mix))) for step in range(20, 100)} == {"reason"}  # none by default
+
+
 def test_a_mix_names_known_objectives_only():
     import argparse
 
