@@ -269,7 +269,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def mix_at(step: int, steps: int, read_first: float, mix: dict[str, float],
-           finish_mix: dict[str, float] | None = None, finish_share: float = 0.0) -> dict[str, float]:
+           finish_mix: dict[str, float] | None = None, finish_share: float = 0.2) -> dict[str, float]:
     """The objectives' mix of one step: captions only for the first `read_first` of the steps, the
     role's mix, and `finish_mix` for the last `finish_share` of them when given."""
     if step < read_first * steps:
@@ -425,6 +425,14 @@ def parse_shares(known: tuple[str, ...]):
     return parse
 
 
+def share(text: str) -> float:
+    """An argparse type: a share of the steps, from 0 to 1."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share from 0 to 1; got {text}")
+    return value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--role", choices=["small", "large", "both"], default="both")
@@ -444,7 +452,7 @@ def main(argv=None) -> int:
     ap.add_argument("--finish-mix", type=parse_shares(OBJECTIVES),
                     help="another mix for the last --finish-share of the steps (e.g. direct-heavy after a "
                          "reasoning-heavy mix); default none")
-    ap.add_argument("--finish-share", type=float, default=0.2)
+    ap.add_argument("--finish-share", type=share, default=0.2, help="with --finish-mix (default 0.2)")
     ap.add_argument("--reason-tiers", type=parse_shares(TIERS),
                     help="tiers of the reasoning examples, e.g. perceive=0.2,count=0.4,compose=0.4; "
                          "default the task's mix")

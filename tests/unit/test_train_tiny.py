@@ -112,6 +112,14 @@ def test_the_mix_reads_first_and_finishes_with_the_finishing_mix():
     assert {next(iter(mix_at(step, 100, 0.2, mix))) for step in range(20, 100)} == {"reason"}  # none by default
 
 
+def test_a_finishing_share_outside_0_to_1_is_refused(capsys):
+    from benchmarks.train_tiny import main
+
+    with pytest.raises(SystemExit):
+        main(["--finish-mix", "direct=1", "--finish-share", "1.5", "--steps", "1"])
+    assert "a share from 0 to 1" in capsys.readouterr().err
+
+
 def test_a_mix_names_known_objectives_only():
     import argparse
 
