@@ -27,7 +27,8 @@ continues it:
 - tally (off by default; `--mix ...,tally=0.2`): a count trace over rows written in the text instead
   of read from the image — the counting step the large model's count traces miss. At 20 % one large
   run of three learned to count (its reasoning then beat its direct answers, 71.5 vs 48.5 %) but not
-  to look a cell up directly; `--finish-mix` gives the last steps another mix (README, levers).
+  to look a cell up directly; with `--finish-mix` (another mix for the last steps: direct-heavy for the
+  last 10 %) one run did both (README, levers on counting: LF01).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
