@@ -162,10 +162,15 @@ TEMPLATES = {
 PREAMBLE = "The image shows a 4 by 4 grid of coloured cells."
 
 
+def present_colours(cells) -> list[str]:
+    """The colours (not the empty cells) a grid shows, sorted: what a count question may ask about."""
+    return sorted({c for row in cells for c in row} - {EMPTY})
+
+
 def _question(rng: random.Random, cells, tier: str) -> tuple[str, str, object, list[str] | None]:
     """(kind, question text, target, option pool) of one tier."""
     G = len(cells)
-    present = sorted({c for row in cells for c in row} - {EMPTY})
+    present = present_colours(cells)
     if tier == "perceive" and rng.random() < 0.7:
         kind, r, c = "colour_at", rng.randint(1, G), rng.randint(1, G)
         target, pool, fields = (r, c), list(PALETTE), dict(r=r, c=c)

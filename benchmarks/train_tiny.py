@@ -48,7 +48,7 @@ from PIL import Image
 
 from benchmarks.datasets import LETTERS
 from benchmarks.grid import (COLOURS, EMPTY, PREAMBLE, TIERS, GridItem, caption, corrupt_trace, grid_item,
-                            reasoning_trace, train_seed)
+                            present_colours, reasoning_trace, train_seed)
 from tandem import prompts
 from tandem.checkpoints import TRAINED_DIR, _corpus, build_tokenizer, new_tiny, save_checkpoint
 from tandem.config import SelectorConfig
@@ -83,6 +83,7 @@ MIX = {"small": {"direct": 0.3, "reason": 0.6, "caption": 0.1},
 DEFAULTS = {"small": dict(steps=3000, lr=3e-3, read_first=0.2, batch_size=32),
             "large": dict(steps=4000, lr=3e-3, read_first=0.25, batch_size=16)}
 CORRUPT_P = 0.25  # share of transfer examples whose hint misreads a cell
+FINISH_SHARE = 0.2  # default share of the steps a `--finish-mix` takes (at the end of a run)
 # Share of caption examples that read cells in a random order ("row 2, column 3: green." eight times)
 # instead of row by row: dense supervision of the random access a colour question needs.
 RANDOM_ACCESS_P = 0.0
@@ -161,8 +162,7 @@ def row_tally(cells, rng: random.Random) -> tuple[str, str]:
     image, answered as a count trace is ("row 1: red green red green; red 2 (2). ... total 5."): dense
     supervision of the step the shipped large model's count traces miss — it writes a row right,
     then miscounts it (39 of 40 held-out traces)."""
-    present = sorted({c for row in cells for c in row} - {EMPTY})
-    colour = rng.choice(present)
+    colour = rng.choice(present_colours(cells))
     question = f"{PREAMBLE} The rows read: {caption(cells)} How many {colour} cells are there?"
     return question, reasoning_trace(cells, "count", colour)
 
@@ -270,7 +270,7 @@ def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def mix_at(step: int, steps: int, read_first: float, mix: dict[str, float],
-           finish_mix: dict[str, float] | None = None, finish_share: float = 0.2) -> dict[str, float]:
+           finish_mix: dict[str, float] | None = None, finish_share: float = FINISH_SHARE) -> dict[str, float]:
     """The objectives' mix of one step: captions only for the first `read_first` of the steps, the
     role's mix, and `finish_mix` for the last `finish_share` of them when given."""
     if step < read_first * steps:
@@ -283,7 +283,7 @@ def mix_at(step: int, steps: int, read_first: float, mix: dict[str, float],
 def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.25, batch_size: int = 32,
           seed: int = 0, tokenizer=None, bf16: bool = False, progress: bool = True,
           mix: dict[str, float] | None = None, reason_tiers: dict[str, float] | None = None,
-          finish_mix: dict[str, float] | None = None, finish_share: float = 0.2) -> dict:
+          finish_mix: dict[str, float] | None = None, finish_share: float = FINISH_SHARE) -> dict:
     """Train one role from scratch and save it to out; returns the facts for its model card."""
     import torch
     from tqdm import tqdm
@@ -453,7 +453,8 @@ def main(argv=None) -> int:
     ap.add_argument("--finish-mix", type=parse_shares(OBJECTIVES),
                     help="another mix for the last --finish-share of the steps (e.g. direct-heavy after a "
                          "reasoning-heavy mix); default none")
-    ap.add_argument("--finish-share", type=share, default=0.2, help="with --finish-mix (default 0.2)")
+    ap.add_argument("--finish-share", type=share, default=FINISH_SHARE,
+                    help=f"with --finish-mix (default {FINISH_SHARE})")
     ap.add_argument("--reason-tiers", type=parse_shares(TIERS),
                     help="tiers of the reasoning examples, e.g. perceive=0.2,count=0.4,compose=0.4; "
                          "default the task's mix")
