@@ -24,11 +24,11 @@ continues it:
   instead of the image — eight value copies and running sums per example (README, levers: at 20 %
   one run's compose answers after reasoning went 25 -> 71 %, but it lost its count traces; no recipe
   with it has beaten the shipped small model yet);
-- tally (off by default; `--mix ...,tally=0.2`): a count trace over rows written in the text instead
-  of read from the image — the counting step the large model's count traces miss. At 20 % one large
+- tally (the large model's; `--mix ...,tally=0.2`): a count trace over rows written in the text instead
+  of read from the image — the counting step the large model's count traces missed. At 20 % one large
   run of three learned to count (its reasoning then beat its direct answers, 71.5 vs 48.5 %) but not
-  to look a cell up directly; with `--finish-mix` (another mix for the last steps: direct-heavy for the
-  last 10 %) one run did both (README, levers on counting: LF01).
+  to look a cell up directly; with a finishing mix (direct-heavy for the last 10 % of the steps,
+  `FINISH_MIX`, `--finish-mix`) the run did both: the shipped large model (README, levers on counting: LF01).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -72,7 +72,13 @@ TRAINED_SIZES = {
 }
 FORMATS = {"small": "think_tags", "large": "prompted"}
 MIX = {"small": {"direct": 0.3, "reason": 0.6, "caption": 0.1},
-       "large": {"direct": 0.3, "reason": 0.25, "transfer": 0.35, "caption": 0.1}}
+       "large": {"direct": 0.2, "reason": 0.4, "transfer": 0.15, "caption": 0.05, "tally": 0.2}}
+# The large model's last 10 % of steps: direct-heavy. Its mix learns to count (the tally objective at
+# 20 %: its reasoning then beats its direct answers) but not to look a cell up directly; the finish
+# adds that without unlearning the counting (README, levers on counting: LF01; with the last 15 or
+# 25 % the count traces fell apart).
+FINISH_MIX = {"small": None,
+              "large": {"direct": 0.5, "reason": 0.25, "transfer": 0.1, "caption": 0.05, "tally": 0.1}}
 # Curriculum (`read_first`): that share of the steps reads grids only (captions), then the role's
 # mix. Mixed from the start, the reasoning objectives drowned the reading signal: a small model no
 # better than chance at reading cells after 1,500 mixed steps read 71 % of them after 500
@@ -81,7 +87,7 @@ MIX = {"small": {"direct": 0.3, "reason": 0.6, "caption": 0.1},
 # steps x 32 it never learned to look a named cell up (direct answers 35 % on held-out items); at
 # 4,000 x 16 it did (65 %, perceive 86 %), but not reliably: two of five such runs made it (README, levers).
 DEFAULTS = {"small": dict(steps=3000, lr=3e-3, read_first=0.2, batch_size=32),
-            "large": dict(steps=4000, lr=3e-3, read_first=0.25, batch_size=16)}
+            "large": dict(steps=4000, lr=3e-3, read_first=0.25, batch_size=16, finish_share=0.1)}
 CORRUPT_P = 0.25  # share of transfer examples whose hint misreads a cell
 FINISH_SHARE = 0.2  # default share of the steps a `--finish-mix` takes (at the end of a run)
 # Share of caption examples that read cells in a random order ("row 2, column 3: green." eight times)
@@ -280,15 +286,27 @@ def mix_at(step: int, steps: int, read_first: float, mix: dict[str, float],
     return mix
 
 
+def role_schedule(role: str, mix: dict[str, float] | None = None, finish_mix: dict[str, float] | None = None,
+                  finish_share: float | None = None) -> tuple[dict, dict | None, float]:
+    """(mix, finish_mix, finish_share) of a run: without `mix`, the role's own (MIX, FINISH_MIX and its
+    DEFAULTS' share); a `mix` given alone runs to the end, so the levers' recorded commands still
+    reproduce."""
+    if mix is None:
+        mix, finish_mix = MIX[role], finish_mix or FINISH_MIX[role]
+    if finish_share is None:
+        finish_share = DEFAULTS[role].get("finish_share", FINISH_SHARE)
+    return mix, finish_mix, finish_share
+
+
 def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.25, batch_size: int = 32,
           seed: int = 0, tokenizer=None, bf16: bool = False, progress: bool = True,
           mix: dict[str, float] | None = None, reason_tiers: dict[str, float] | None = None,
-          finish_mix: dict[str, float] | None = None, finish_share: float = FINISH_SHARE) -> dict:
+          finish_mix: dict[str, float] | None = None, finish_share: float | None = None) -> dict:
     """Train one role from scratch and save it to out; returns the facts for its model card."""
     import torch
     from tqdm import tqdm
 
-    mix = mix or MIX[role]
+    mix, finish_mix, finish_share = role_schedule(role, mix, finish_mix, finish_share)
     torch.manual_seed(seed)
     tokenizer = tokenizer or build_task_tokenizer(seed)
     model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
@@ -353,6 +371,10 @@ def accuracy_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def mix_text(mix: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0%}" for k, v in mix.items())
+
+
 def write_card(folder: Path, results: dict | None) -> None:
     """README.md beside the weights: what the model is, what it learned from, how it scores."""
     facts = json.loads((folder / "training.json").read_text())
@@ -378,7 +400,10 @@ def write_card(folder: Path, results: dict | None) -> None:
             f"- {facts['examples']:,} training examples ({facts['steps']} steps x batch {facts['batch_size']}), "
             f"one fresh item each (training item seeds < 2^40; held-out items start at 2^40).",
             f"- Curriculum: the first {facts['read_first']:.0%} of the steps are captions only; then one objective "
-            f"per batch, drawn from the mix: {', '.join(f'{k} {v:.0%}' for k, v in facts['mix'].items())}"
+            f"per batch (the objectives: `benchmarks/train_tiny.py`'s docstring), drawn from the mix: "
+            f"{mix_text(facts['mix'])}"
+            + (f"; the last {facts['finish_share']:.0%} from the finishing mix: {mix_text(facts['finish_mix'])}"
+               if facts.get("finish_mix") else "")
             + (f"; {facts['corrupt_hint_p']:.0%} of transfer hints misread one cell (target: the true answer)."
                if facts.get("corrupt_hint_p") else "."),
             f"- Reasoning format: `{facts['reasoning_format']}`. Prompts: `tandem/prompts.py`, fingerprint "
@@ -452,9 +477,10 @@ def main(argv=None) -> int:
                          "direct=0.3,reason=0.5,caption=0.1,lookup=0.1; default per role (MIX)")
     ap.add_argument("--finish-mix", type=parse_shares(OBJECTIVES),
                     help="another mix for the last --finish-share of the steps (e.g. direct-heavy after a "
-                         "reasoning-heavy mix); default none")
-    ap.add_argument("--finish-share", type=share, default=FINISH_SHARE,
-                    help=f"with --finish-mix (default {FINISH_SHARE})")
+                         "reasoning-heavy mix); default per role (FINISH_MIX: the large model's), none "
+                         "when --mix is given")
+    ap.add_argument("--finish-share", type=share,
+                    help=f"the finishing mix's share of the steps (default: large 0.1, else {FINISH_SHARE})")
     ap.add_argument("--reason-tiers", type=parse_shares(TIERS),
                     help="tiers of the reasoning examples, e.g. perceive=0.2,count=0.4,compose=0.4; "
                          "default the task's mix")

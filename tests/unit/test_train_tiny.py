@@ -112,6 +112,20 @@ def test_the_mix_reads_first_and_finishes_with_the_finishing_mix():
     assert {next(iter(mix_at(step, 100, 0.2, mix))) for step in range(20, 100)} == {"reason"}  # none by default
 
 
+def test_the_large_model_finishes_direct_heavy_by_default_and_a_given_mix_runs_to_the_end():
+    """The shipped large model's recipe (README, levers: LF01) is its role's default; the levers'
+    recorded `--mix` commands, which had no finish, must still reproduce."""
+    from benchmarks.train_tiny import FINISH_MIX, mix_at, role_schedule
+
+    mix, finish, share = role_schedule("large")
+    assert mix == MIX["large"] and finish == FINISH_MIX["large"] and share == 0.1
+    seen = [mix_at(step, 4000, 0.25, mix, finish, share) for step in range(4000)]
+    assert seen[:1000] == [{"caption": 1.0}] * 1000 and seen[1000:3600] == [mix] * 2600
+    assert seen[3600:] == [finish] * 400 and finish["direct"] > mix["direct"]
+    assert role_schedule("large", {"direct": 1.0})[1] is None
+    assert role_schedule("small")[1] is None
+
+
 def test_a_finishing_share_outside_0_to_1_is_refused(capsys):
     from benchmarks.train_tiny import main
 
