@@ -172,3 +172,16 @@ def test_measured_cpu_the_stages_do_not_account_for_loads_shared_cores_only():
     # one request alone: the extra CPU runs beside it, not on its critical path
     one = simulate(busy, w, {}, settings(), concurrency=1, duration_s=20)  # own devices: not charged
     assert one["p50_ms"] == pytest.approx(1 + 8 + 22, abs=1e-6)
+
+
+def test_the_open_loop_check_counts_requests_that_end_after_sending_stops():
+    """Near saturation the last requests sent queue longest; the measured p50 must count them, as the
+    simulator does (its open loop drains), or the comparison sets a censored median against a full one."""
+    from benchmarks.sim_check import open_loop_summary
+
+    # (sent, (status, latency_ms, end)) over a 10 s run: warm-up to 1 s, then one request a second whose
+    # latency grows by a second each time, the late ones ending after the 10 s window.
+    records = [(t, (200, 1000.0 * t, t + t)) for t in range(1, 10)] + [(0.5, (200, 1.0, 0.6))]
+    out = open_loop_summary(records, 0.0, 10.0)
+    assert out["p50_ms"] == 5000.0  # the median of 1..9 s, not of the four that ended inside the window
+    assert out["throughput_rps"] == round(4 / 9, 3)  # completions inside the window (ends at 2, 4, 6, 8 s)
