@@ -298,19 +298,39 @@ def role_schedule(role: str, mix: dict[str, float] | None = None, finish_mix: di
     return mix, finish_mix, finish_share
 
 
+def from_checkpoint(ref: str):
+    """(model, processor, tokenizer) of a saved checkpoint, loaded as the engines load it, to train on."""
+    from transformers import AutoModelForImageTextToText
+
+    from tandem.checkpoints import resolve_model_ref
+    from tandem.processors import load_processor
+
+    path = resolve_model_ref(ref)
+    processor = load_processor(path)
+    return AutoModelForImageTextToText.from_pretrained(path), processor, processor.tokenizer
+
+
 def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.25, batch_size: int = 32,
           seed: int = 0, tokenizer=None, bf16: bool = False, progress: bool = True,
           mix: dict[str, float] | None = None, reason_tiers: dict[str, float] | None = None,
-          finish_mix: dict[str, float] | None = None, finish_share: float | None = None) -> dict:
-    """Train one role from scratch and save it to out; returns the facts for its model card."""
+          finish_mix: dict[str, float] | None = None, finish_share: float | None = None,
+          init_from: str | None = None) -> dict:
+    """Train one role — from scratch, or on from the checkpoint `init_from` (its weights and tokenizer) —
+    and save it to out; returns the facts for its model card."""
     import torch
     from tqdm import tqdm
 
     mix, finish_mix, finish_share = role_schedule(role, mix, finish_mix, finish_share)
     torch.manual_seed(seed)
-    tokenizer = tokenizer or build_task_tokenizer(seed)
-    model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
-    init_vision_positions(model)
+    if init_from:
+        model, processor, tokenizer = from_checkpoint(init_from)
+        base = Path(model.config._name_or_path) / "training.json"
+        base = json.loads(base.read_text()) if base.exists() else None
+    else:
+        tokenizer = tokenizer or build_task_tokenizer(seed)
+        model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
+        init_vision_positions(model)
+        base = None
     batcher = Batcher(role, tokenizer, processor.image_processor, model.config.image_token_id,
                       seed=seed * 2 + (role == "large"), reason_tiers=reason_tiers)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -350,6 +370,9 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),
              "prompt_fingerprint": prompts.template_fingerprint()}
+    if init_from:
+        # The checkpoint trained on (its own facts, nested): a card describes both stages.
+        facts["init_from"], facts["base"] = init_from, base
     (Path(out) / "training.json").write_text(json.dumps(facts, indent=1) + "\n")
     return facts
 
@@ -379,8 +402,12 @@ def write_card(folder: Path, results: dict | None) -> None:
     """README.md beside the weights: what the model is, what it learned from, how it scores."""
     facts = json.loads((folder / "training.json").read_text())
     role, text, vision = facts["role"], facts["sizes"]["text"], facts["sizes"]["vision"]
-    command = (f"python -m benchmarks.train_tiny --role {role} --threads {facts['threads']}"
-               + (f" --seed {facts['seed']}" if facts["seed"] else ""))
+    # A model trained on from another checkpoint (--init-from) is described stage by stage: the
+    # checkpoint it started from (`base`, its own facts), then what it trained on.
+    first, then = (facts["base"], facts) if facts.get("base") else (facts, None)
+    command = (f"python -m benchmarks.train_tiny --role {role} --threads {first['threads']}"
+               + (f" --seed {first['seed']}" if first["seed"] else ""))
+    minutes = (first["train_seconds"] + (then["train_seconds"] if then else 0)) / 60
     card = [f"# Tandem trained tiny Qwen3-VL: {ROLE_TITLES[role]}", "",
             "`Qwen3VLForConditionalGeneration` (the real architecture), trained from scratch on CPU on Tandem's "
             "synthetic grid task so that the paper's findings can be measured offline. Load it with "
@@ -397,26 +424,38 @@ def write_card(folder: Path, results: dict | None) -> None:
             "token per cell; multiple choice A-D answered with the option's text; tiers perceive 50 % "
             "(colour of a cell, is there a colour), count 25 %, compose 25 % (sum of a row of per-colour "
             "values, modulo 10). Programmatic reasoning traces.",
-            f"- {facts['examples']:,} training examples ({facts['steps']} steps x batch {facts['batch_size']}), "
+            f"- {first['examples']:,} training examples ({first['steps']} steps x batch {first['batch_size']}), "
             f"one fresh item each (training item seeds < 2^40; held-out items start at 2^40).",
-            f"- Curriculum: the first {facts['read_first']:.0%} of the steps are captions only; then one objective "
+            f"- Curriculum: the first {first['read_first']:.0%} of the steps are captions only; then one objective "
             f"per batch (the objectives: `benchmarks/train_tiny.py`'s docstring), drawn from the mix: "
-            f"{mix_text(facts['mix'])}"
-            + (f"; the last {facts['finish_share']:.0%} from the finishing mix: {mix_text(facts['finish_mix'])}"
-               if facts.get("finish_mix") else "")
-            + (f"; {facts['corrupt_hint_p']:.0%} of transfer hints misread one cell (target: the true answer)."
-               if facts.get("corrupt_hint_p") else "."),
-            f"- Reasoning format: `{facts['reasoning_format']}`. Prompts: `tandem/prompts.py`, fingerprint "
-            f"`{facts['prompt_fingerprint']}` (a test fails when the templates change: retrain then).", "",
-            "## Training", "",
-            f"AdamW (betas 0.9/0.98, weight decay 0.01), peak LR {facts['lr']}, 5 % warm-up then cosine to 10 %, "
-            f"gradient clip 1.0, {'bf16 autocast' if facts['bf16_autocast'] else 'fp32'}, seed {facts['seed']}; "
-            f"per-sequence mean cross-entropy on the answer side only; vision position table started as a 2D "
-            f"sin-cos grid. {facts['train_seconds'] / 60:.1f} min with {facts['threads']} torch thread(s) on the "
-            f"2-core development machine{' (' + facts['note'] + ')' if facts.get('note') else ''}; loss "
-            f"{facts['loss_first']} (first 50 steps) -> {facts['loss_last']} (last 50).", "",
-            (f"Reproduce, at commit {facts['code_commit']} ({facts['code_note']}): `{command}`"
-             if facts.get("code_commit") else f"Reproduce: `{command}`"), ""]
+            f"{mix_text(first['mix'])}"
+            + (f"; the last {first['finish_share']:.0%} from the finishing mix: {mix_text(first['finish_mix'])}"
+               if first.get("finish_mix") else "")
+            + (f"; {first['corrupt_hint_p']:.0%} of transfer hints misread one cell (target: the true answer)."
+               if first.get("corrupt_hint_p") else ".")]
+    if then:
+        card.append(f"- Then trained on from that checkpoint: {then['steps']} steps x batch {then['batch_size']} "
+                    f"({then['examples']:,} examples, items from the start of the same training stream), peak LR "
+                    f"{then['lr']}, mix: "
+                    f"{mix_text(then['mix'])}.")
+    card += [f"- Reasoning format: `{facts['reasoning_format']}`. Prompts: `tandem/prompts.py`, fingerprint "
+             f"`{facts['prompt_fingerprint']}` (a test fails when the templates change: retrain then).", "",
+             "## Training", "",
+             f"AdamW (betas 0.9/0.98, weight decay 0.01), peak LR {first['lr']}, 5 % warm-up then cosine to 10 %, "
+             f"gradient clip 1.0, {'bf16 autocast' if first['bf16_autocast'] else 'fp32'}, seed {first['seed']}; "
+             f"per-sequence mean cross-entropy on the answer side only; vision position table started as a 2D "
+             f"sin-cos grid. {first['train_seconds'] / 60:.1f} min with {first['threads']} torch thread(s) on the "
+             f"2-core development machine{' (' + first['note'] + ')' if first.get('note') else ''}; loss "
+             f"{first['loss_first']} (first 50 steps) -> {first['loss_last']} (last 50)."
+             + (f" Then {then['train_seconds'] / 60:.1f} min more (a fresh AdamW with the same settings, warm-up "
+                f"and cosine over its own steps): loss {then['loss_first']} -> {then['loss_last']}; "
+                f"{minutes:.1f} min in all." if then else ""), "",
+             (f"Reproduce, at commit {first['code_commit']} ({first['code_note']}): `{command}`"
+              if first.get("code_commit") else f"Reproduce: `{command}`")
+             + (f"; then, with BASE that checkpoint ({then.get('base_note', then['init_from'])}): "
+                f"`python -m benchmarks.train_tiny --role {role} --threads {then['threads']} --init-from BASE "
+                f"--steps {then['steps']} --lr {then['lr']} --mix {','.join(f'{k}={v}' for k, v in then['mix'].items())}`"
+                if then else ""), ""]
     if results:
         card += ["## Accuracy (held-out grid items, through Tandem's own pipeline)", "",
                  f"`python -m benchmarks.strategies --dataset grid --n {results['n']}` "
@@ -484,6 +523,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reason-tiers", type=parse_shares(TIERS),
                     help="tiers of the reasoning examples, e.g. perceive=0.2,count=0.4,compose=0.4; "
                          "default the task's mix")
+    ap.add_argument("--init-from", metavar="MODEL",
+                    help="train on from this checkpoint (a path or trained:ROLE; its tokenizer, no reading-only "
+                         "first steps) instead of from scratch")
     ap.add_argument("--card", metavar="STRATEGIES_JSON",
                     help="only (re)write the model cards, with the accuracy table of this strategies.json")
     args = ap.parse_args(argv)
@@ -496,14 +538,17 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    tokenizer = build_task_tokenizer(args.seed)
+    if args.init_from and len(roles) > 1:
+        ap.error("--init-from continues one checkpoint: give --role small or --role large")
+    tokenizer = None if args.init_from else build_task_tokenizer(args.seed)
     for role in roles:
         d = DEFAULTS[role]
         facts = train(role, Path(args.out) / role, steps=args.steps or d["steps"], lr=args.lr or d["lr"],
-                      read_first=d["read_first"], batch_size=args.batch_size or d["batch_size"], seed=args.seed,
+                      read_first=0.0 if args.init_from else d["read_first"],
+                      batch_size=args.batch_size or d["batch_size"], seed=args.seed,
                       tokenizer=tokenizer, bf16=args.bf16, mix=args.mix,
                       reason_tiers=args.reason_tiers, finish_mix=args.finish_mix,
-                      finish_share=args.finish_share)
+                      finish_share=args.finish_share, init_from=args.init_from)
         write_card(Path(args.out) / role, None)
         print(json.dumps(facts))
     return 0
