@@ -8,10 +8,10 @@
     python -m benchmarks.train_tiny --card results/strategies-*/strategies.json   # model cards with accuracy
 
 From scratch (or on from a checkpoint, `--init-from`), on the CPU, with a plain torch loop (AdamW,
-warm-up then cosine), seeded: the same command gives the same weights. The first steps read grids only (a curriculum), then each batch
-takes one objective from the role's mix. Every example is rendered with `tandem/prompts.py`, and
-prompt and target are tokenized apart, exactly as the pipeline sends the prompt and the model
-continues it:
+warm-up then cosine), seeded: the same command gives the same weights. The first steps read grids
+only (a curriculum), then each batch takes one objective from the role's mix. Every example is
+rendered with `tandem/prompts.py`, and prompt and target are tokenized apart, exactly as the
+pipeline sends the prompt and the model continues it:
 
 - direct: the short-answer prompt -> the option's text;
 - reason: the reasoning prompt -> the program's trace, the close of the reasoning, the answer
