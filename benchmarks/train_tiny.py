@@ -302,15 +302,17 @@ def role_schedule(role: str, mix: dict[str, float] | None = None, finish_mix: di
 
 
 def from_checkpoint(ref: str):
-    """(model, processor, tokenizer) of a saved checkpoint, loaded as the engines load it, to train on."""
+    """(model, processor, tokenizer, facts) of a saved checkpoint, loaded as the engines load it, to
+    train on; facts: its training.json, None when it has none."""
     from transformers import AutoModelForImageTextToText
 
     from tandem.checkpoints import resolve_model_ref
     from tandem.processors import load_processor
 
-    path = resolve_model_ref(ref)
-    processor = load_processor(path)
-    return AutoModelForImageTextToText.from_pretrained(path), processor, processor.tokenizer
+    path = Path(resolve_model_ref(ref))
+    processor = load_processor(str(path))
+    facts = json.loads((path / "training.json").read_text()) if (path / "training.json").exists() else None
+    return AutoModelForImageTextToText.from_pretrained(path), processor, processor.tokenizer, facts
 
 
 def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.25, batch_size: int = 32,
@@ -326,9 +328,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     mix, finish_mix, finish_share = role_schedule(role, mix, finish_mix, finish_share)
     torch.manual_seed(seed)
     if init_from:
-        model, processor, tokenizer = from_checkpoint(init_from)
-        base = Path(model.config._name_or_path) / "training.json"
-        base = json.loads(base.read_text()) if base.exists() else None
+        model, processor, tokenizer, base = from_checkpoint(init_from)
     else:
         tokenizer = tokenizer or build_task_tokenizer(seed)
         model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
