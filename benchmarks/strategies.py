@@ -347,6 +347,8 @@ def main(argv=None) -> int:
                     help="budget (tokens) of the selector comparison; default a quarter of the reasoning budget")
     ap.add_argument("--quick", action="store_true", help="CPU, 12 items: under two minutes")
     ap.add_argument("--seed", type=int, default=0, help="picks the items (grid: other held-out items)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="run the rows one after another instead of interleaving them item by item")
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -385,7 +387,7 @@ def main(argv=None) -> int:
         measured["speculative(large|small)"] = runner.speculative
     # Over HTTP rows run one after another: the server's feature cache would make whichever row came
     # first on an item the only one that encodes it.
-    runs = measure(items, measured, interleave=not args.url)
+    runs = measure(items, measured, interleave=not (args.url or args.sequential))
     print(HEADER)
     for name, rs in runs.items():
         print_row(row(name, rs))
