@@ -10,7 +10,8 @@ then:
 2. `tandem:mutual` on held-out grid items (distinct images: the feature cache, which the simulator
    does not model, stays cold): closed loops at concurrency 1, 4 and 16, then an open loop at
    `--open-fraction` of the throughput measured at 16 (near saturation);
-3. the simulator on the same loads, fed by that profile and the same config, with the replicas
+3. the simulator on the same loads — each with the workload its answered requests reported (their
+   paths and stage sizes) — fed by that profile and the same config, with the replicas
    sharing the machine's cores (`--host-cores`, default: all of them) — and again with the profile
    slowed by a speed factor: a few profile points re-measured just before each load (a shared VM's
    speed drifts by more than the tolerance within one run);
@@ -42,7 +43,26 @@ def bodies(n: int, seed: int) -> list[dict]:
     return [item_body(item) for item in grid_items(n, seed=seed)]
 
 
-async def _post(http: httpx.AsyncClient, url: str, body: dict) -> tuple[int | str, float, float]:
+class Traces:
+    """The path and stage sizes of every answered request of a load: the workload it actually sent
+    (which items transfer is fixed by the items, not by the load), for the simulator to run."""
+
+    def __init__(self):
+        self.paths: list[str] = []
+        self.stages: dict[str, list[tuple[int, int]]] = {}
+
+    def add(self, trace: dict) -> None:
+        self.paths.append(trace["path"])
+        for name, s in trace.get("stages", {}).items():
+            self.stages.setdefault(name, []).append((s["prompt_tokens"], s["decode_steps"]))
+
+    def workload(self) -> dict:
+        from benchmarks.stage_profile import workload_of
+        return workload_of(self.paths, self.stages)
+
+
+async def _post(http: httpx.AsyncClient, url: str, body: dict, traces: Traces | None = None
+                ) -> tuple[int | str, float, float]:
     start = time.monotonic()
     try:
         r = await http.post(f"{url}/v1/chat/completions", json=body)
@@ -50,33 +70,35 @@ async def _post(http: httpx.AsyncClient, url: str, body: dict) -> tuple[int | st
     except httpx.HTTPError as err:
         status = type(err).__name__
     end = time.monotonic()
+    if status == 200 and traces is not None:
+        traces.add(r.json()["tandem"])
     return status, (end - start) * 1000, end
 
 
 async def closed_loop(url: str, items: list[dict], concurrency: int, duration_s: float) -> dict:
     """`concurrency` clients for `duration_s`; the first 10 % of the time is warm-up, not counted."""
-    records, start, counter = [], time.monotonic(), iter(range(10**9))
+    records, start, counter, traces = [], time.monotonic(), iter(range(10**9)), Traces()
 
     async def client(http):
         while time.monotonic() - start < duration_s:
-            records.append(await _post(http, url, items[next(counter) % len(items)]))
+            records.append(await _post(http, url, items[next(counter) % len(items)], traces))
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
-    return _summary(records, start + 0.1 * duration_s, start + duration_s)
+    return {**_summary(records, start + 0.1 * duration_s, start + duration_s), "workload": traces.workload()}
 
 
 async def open_loop(url: str, items: list[dict], rate: float, duration_s: float, seed: int) -> dict:
-    rng, tasks, start = random.Random(seed), [], time.monotonic()
+    rng, tasks, start, traces = random.Random(seed), [], time.monotonic(), Traces()
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as http:
         i = 0
         while time.monotonic() - start < duration_s:
             sent = time.monotonic()
-            tasks.append(asyncio.ensure_future(_timed(_post(http, url, items[i % len(items)]), sent)))
+            tasks.append(asyncio.ensure_future(_timed(_post(http, url, items[i % len(items)], traces), sent)))
             i += 1
             await asyncio.sleep(rng.expovariate(rate))
         records = await asyncio.gather(*tasks)
-    return open_loop_summary(records, start, duration_s)
+    return {**open_loop_summary(records, start, duration_s), "workload": traces.workload()}
 
 
 def open_loop_summary(records: list[tuple[float, tuple[int, float, float]]], start: float, duration_s: float) -> dict:
@@ -105,6 +127,10 @@ def _summary(records, window_start: float, window_end: float) -> dict:
     return {"throughput_rps": round(len(counted) / (window_end - window_start), 3),
             "p50_ms": round(percentile(counted, 50), 1), "p95_ms": round(percentile(counted, 95), 1),
             "requests": len(records), "statuses": statuses}
+
+
+def _brief(m: dict) -> dict:
+    return {**{k: v for k, v in m.items() if k != "workload"}, "transfer_rate": m["workload"]["transfer_rate"]}
 
 
 def within(measured: float, simulated: float, tolerance: float) -> tuple[float, bool]:
@@ -156,20 +182,24 @@ def main(argv=None) -> int:
             factor = speed_now()
             m = asyncio.run(closed_loop(app.url, items, load, duration))
             points.append({"kind": kind, "load": load, "measured": m, "speed_factor": factor})
-            print(f"measured closed c={load} (speed factor {factor}): {m}", flush=True)
+            print(f"measured closed c={load} (speed factor {factor}): {_brief(m)}", flush=True)
         rate = round(args.open_fraction * points[-1]["measured"]["throughput_rps"], 2)
         factor = speed_now()
         m = asyncio.run(open_loop(app.url, items, rate, duration, seed=3))
         points.append({"kind": "open", "load": rate, "measured": m, "speed_factor": factor})
-        print(f"measured open {rate} req/s (speed factor {factor}): {m}", flush=True)
+        print(f"measured open {rate} req/s (speed factor {factor}): {_brief(m)}", flush=True)
 
     profile = Profile.from_dict(profile_dict)
-    workload = Workload.from_measured(profile.workload)
-    print(f"workload: {workload.describe()}")
+    print(f"workload of the profile's {profile.workload.get('requests', 0)} requests: "
+          f"{Workload.from_measured(profile.workload).describe()}")
     replicas = {"Router": 1, "VisionEncoder": 1, "SmallReasoner": 1, "LargeAnswerer": 1}
     rows = []
     for pt in points:
         kw = {"concurrency": pt["load"]} if pt["kind"] == "closed" else {"rate": pt["load"]}
+        # The load's own workload (the paths and stage sizes its answered requests reported): which
+        # items transfer is a property of the items, and a 60-item sample's share is off by ±6 points.
+        workload = Workload.from_measured(pt["measured"]["workload"])
+        print(f"workload of {pt['kind']} {pt['load']}: {workload.describe()}")
         # Twice: from the profile as measured, and from it slowed by the machine's drift measured just
         # before this load. The same length of run as measured: near saturation the queue is still
         # growing at 60 s, so a longer simulated run reports the longer queue of a later moment.
@@ -202,6 +232,7 @@ def main(argv=None) -> int:
     print(json.dumps({"benchmark": "sim_check", "tolerance": args.tolerance, "all_within": ok,
                       "all_within_drift_corrected": ok_corrected,
                       "points": [{"kind": r["kind"], "load": r["load"], "speed_factor": r["speed_factor"],
+                                  "transfer_rate": r["measured"]["workload"]["transfer_rate"],
                                   "measured_rps": r["measured"]["throughput_rps"],
                                   "simulated_rps": r["simulated"]["throughput_rps"],
                                   "corrected_rps": r["simulated_drift_corrected"]["throughput_rps"],

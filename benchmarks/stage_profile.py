@@ -178,6 +178,16 @@ def name_of(real: str) -> str:
     return {"qwen3-vl-2b": "Qwen/Qwen3-VL-2B-Thinking", "qwen3-vl-8b": "Qwen/Qwen3-VL-8B-Instruct"}.get(real, real)
 
 
+def workload_of(paths: list[str], stages: dict[str, list[tuple[int, int]]]) -> dict:
+    """`tandem:mutual`'s workload from its traces: the transfer share, and each stage's mean prompt
+    tokens and decode steps (`stages`: per stage name, (prompt tokens, decode steps) per call)."""
+    return {"policy": "mutual", "requests": len(paths), "images": 1,
+            "transfer_rate": round(paths.count("transfer") / len(paths), 4) if paths else 0.0,
+            "stages": {name: {"prompt_tokens": round(statistics.mean(p for p, _ in v), 1),
+                              "decode_steps": round(statistics.mean(s for _, s in v), 2), "n": len(v)}
+                       for name, v in sorted(stages.items())}}
+
+
 def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dict]:
     """(router ms, workload, median call overheads, CPU ms per request by process) from
     `tandem:mutual` on n held-out grid items, one at a time."""
@@ -206,11 +216,7 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dic
                 calls["generate"].append(lat[name] - s["queue_ms"] - s["decode_ms"])
             calls["encode"] += [lat[k] for k in ("encode_small", "encode_large") if k in lat]
     cpu = ms_per_request(cpu_before, cpu_seconds(processes), n)
-    workload = {"policy": "mutual", "requests": n, "images": 1,
-                "transfer_rate": round(paths.count("transfer") / n, 4),
-                "stages": {name: {"prompt_tokens": round(statistics.mean(p for p, _ in v), 1),
-                                  "decode_steps": round(statistics.mean(s for _, s in v), 2), "n": len(v)}
-                           for name, v in sorted(stages.items())}}
+    workload = workload_of(paths, stages)
     medians = {k: statistics.median(v) for k, v in calls.items() if v}
     return round(statistics.median(overhead), 3), workload, medians, cpu
 

@@ -218,3 +218,23 @@ def test_the_speed_factor_is_the_median_ratio_over_the_points_both_profiles_meas
                                     "step": [{"batch": 1, "ms": 2.6}]}
     assert speed_factor(full, probe) == pytest.approx(1.3)  # the median, not the mean
     assert speed_factor(full, {"vision": {"small": [{"images": 8, "ms": 1.0}]}, "generators": {}}) == 1.0
+
+
+def test_a_load_is_simulated_with_the_workload_its_own_answers_reported():
+    """Which items transfer is fixed by the items: the check feeds the simulator the paths and stage
+    sizes the load's answered requests reported, not a smaller sample's."""
+    from benchmarks.sim_check import Traces
+
+    traces = Traces()
+    traces.add({"path": "agree", "stages": {"small_direct": {"prompt_tokens": 80, "decode_steps": 2},
+                                            "large_direct": {"prompt_tokens": 76, "decode_steps": 2}}})
+    traces.add({"path": "transfer", "stages": {"small_direct": {"prompt_tokens": 84, "decode_steps": 2},
+                                               "large_direct": {"prompt_tokens": 78, "decode_steps": 2},
+                                               "small_reasoning": {"prompt_tokens": 80, "decode_steps": 40},
+                                               "large_transfer": {"prompt_tokens": 150, "decode_steps": 2}}})
+    w = traces.workload()
+    assert w["transfer_rate"] == 0.5 and w["requests"] == 2
+    assert w["stages"]["small_direct"] == {"prompt_tokens": 82.0, "decode_steps": 2.0, "n": 2}
+    assert w["stages"]["small_reasoning"]["decode_steps"] == 40.0
+    sim = Workload.from_measured(w)
+    assert dict((name, share) for name, share, _ in sim.paths) == {"agree": 0.5, "transfer": 0.5}
