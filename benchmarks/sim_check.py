@@ -12,10 +12,8 @@ then:
    `--open-fraction` of the throughput measured at 16 (near saturation);
 3. the simulator on the same loads — each with the workload its answered requests reported (their
    paths and stage sizes) — fed by that profile and the same config, with the replicas
-   sharing the machine's cores (`--host-cores`, default: all of them) — and again with the profile
-   slowed by a speed factor: a few profile points re-measured just before each load (a shared VM's
-   speed drifts by more than the tolerance within one run);
-4. tables: measured vs simulated throughput and p50, and whether each is within `--tolerance`.
+   sharing the machine's cores (`--host-cores`, default: all of them);
+4. a table: measured vs simulated throughput and p50, and whether each is within `--tolerance`.
 Writes results/sim-check-*/{sim_check.json,profile.json} and ends with one JSON line.
 """
 
@@ -139,7 +137,7 @@ def within(measured: float, simulated: float, tolerance: float) -> tuple[float, 
 
 
 def main(argv=None) -> int:
-    from benchmarks.stage_profile import FULL, PROBE, QUICK, build_profile, print_profile, profile_engines, speed_factor
+    from benchmarks.stage_profile import FULL, QUICK, build_profile, print_profile
     from tandem.cli import read_tandem_args
     from tandem.config import load_tandem_config
 
@@ -169,25 +167,15 @@ def main(argv=None) -> int:
                                      app_requests=20 if args.quick else 60,
                                      vision_wait_s=settings["VisionEncoder"].batch_wait_s)
         print_profile(profile_dict)
-        probe_item = grid_items(1, seed=0)[0]
-
-        def speed_now() -> float:
-            """The machine's speed drifts on a shared VM: a few profile points re-measured just before
-            a load say how much slower (>1) or faster it runs than when the profile was taken."""
-            probe = profile_engines(config, PROBE, probe_item.image, probe_item.prompt())
-            return round(speed_factor(profile_dict, probe), 3)
-
         loads = [("closed", int(c)) for c in args.concurrency.split(",")]
         for kind, load in loads:
-            factor = speed_now()
             m = asyncio.run(closed_loop(app.url, items, load, duration))
-            points.append({"kind": kind, "load": load, "measured": m, "speed_factor": factor})
-            print(f"measured closed c={load} (speed factor {factor}): {_brief(m)}", flush=True)
+            points.append({"kind": kind, "load": load, "measured": m})
+            print(f"measured closed c={load}: {_brief(m)}", flush=True)
         rate = round(args.open_fraction * points[-1]["measured"]["throughput_rps"], 2)
-        factor = speed_now()
         m = asyncio.run(open_loop(app.url, items, rate, duration, seed=3))
-        points.append({"kind": "open", "load": rate, "measured": m, "speed_factor": factor})
-        print(f"measured open {rate} req/s (speed factor {factor}): {_brief(m)}", flush=True)
+        points.append({"kind": "open", "load": rate, "measured": m})
+        print(f"measured open {rate} req/s: {_brief(m)}", flush=True)
 
     profile = Profile.from_dict(profile_dict)
     print(f"workload of the profile's {profile.workload.get('requests', 0)} requests: "
@@ -200,46 +188,36 @@ def main(argv=None) -> int:
         # items transfer is a property of the items, and a 60-item sample's share is off by ±6 points.
         workload = Workload.from_measured(pt["measured"]["workload"])
         print(f"workload of {pt['kind']} {pt['load']}: {workload.describe()}")
-        # Twice: from the profile as measured, and from it slowed by the machine's drift measured just
-        # before this load. The same length of run as measured: near saturation the queue is still
-        # growing at 60 s, so a longer simulated run reports the longer queue of a later moment.
-        for key, prof in (("", profile), ("_drift_corrected", profile.slowed(pt["speed_factor"]))):
-            s = simulate(prof, workload, replicas, settings, duration_s=duration, host_cores=args.host_cores, **kw)
-            pt["simulated" + key] = {k: s[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "rejection_rate", "pools")}
-            m = pt["measured"]
-            pt["throughput_error" + key], t_ok = within(m["throughput_rps"], s["throughput_rps"], args.tolerance)
-            pt["p50_error" + key], p_ok = within(m["p50_ms"], s["p50_ms"], args.tolerance)
-            pt["within" + key] = t_ok and p_ok
+        # The same length of run as measured: near saturation the queue is still growing at 60 s,
+        # so a longer simulated run reports the longer queue of a later moment.
+        s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=args.host_cores, **kw)
+        pt["simulated"] = {k: s[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "rejection_rate", "pools")}
+        m = pt["measured"]
+        pt["throughput_error"], t_ok = within(m["throughput_rps"], s["throughput_rps"], args.tolerance)
+        pt["p50_error"], p_ok = within(m["p50_ms"], s["p50_ms"], args.tolerance)
+        pt["within"] = t_ok and p_ok
         rows.append(pt)
     ok = all(pt["within"] for pt in rows)
-    ok_corrected = all(pt["within_drift_corrected"] for pt in rows)
 
-    for key, title in (("", "from the profile as measured"),
-                       ("_drift_corrected", "from the profile slowed by the speed factor measured before each load")):
-        print(f"\nsimulated {title}:")
-        print(f"{'load':<16} {'speed':>6} {'meas rps':>9} {'sim rps':>8} {'err':>7} {'meas p50':>9} {'sim p50':>8} {'err':>7}  ok")
-        for pt in rows:
-            m, s = pt["measured"], pt["simulated" + key]
-            label = f"closed c={pt['load']}" if pt["kind"] == "closed" else f"open {pt['load']}/s"
-            print(f"{label:<16} {pt['speed_factor']:>6.3f} {m['throughput_rps']:>9.2f} {s['throughput_rps']:>8.2f} "
-                  f"{pt['throughput_error' + key]:>+7.1%} {m['p50_ms']:>9.1f} {s['p50_ms']:>8.1f} "
-                  f"{pt['p50_error' + key]:>+7.1%}  {'yes' if pt['within' + key] else 'NO'}")
+    print(f"\n{'load':<16} {'xfer':>5} {'meas rps':>9} {'sim rps':>8} {'err':>7} {'meas p50':>9} {'sim p50':>8} {'err':>7}  ok")
+    for pt in rows:
+        m, s = pt["measured"], pt["simulated"]
+        label = f"closed c={pt['load']}" if pt["kind"] == "closed" else f"open {pt['load']}/s"
+        print(f"{label:<16} {m['workload']['transfer_rate']:>5.0%} {m['throughput_rps']:>9.2f} {s['throughput_rps']:>8.2f} "
+              f"{pt['throughput_error']:>+7.1%} {m['p50_ms']:>9.1f} {s['p50_ms']:>8.1f} {pt['p50_error']:>+7.1%}  "
+              f"{'yes' if pt['within'] else 'NO'}")
     out = Path(args.out) / f"sim-check-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(profile_dict, indent=1))
     (out / "sim_check.json").write_text(json.dumps({"points": rows, "host_cores": args.host_cores}, indent=1))
     print(f"results: {out}")
     print(json.dumps({"benchmark": "sim_check", "tolerance": args.tolerance, "all_within": ok,
-                      "all_within_drift_corrected": ok_corrected,
-                      "points": [{"kind": r["kind"], "load": r["load"], "speed_factor": r["speed_factor"],
+                      "points": [{"kind": r["kind"], "load": r["load"],
                                   "transfer_rate": r["measured"]["workload"]["transfer_rate"],
                                   "measured_rps": r["measured"]["throughput_rps"],
                                   "simulated_rps": r["simulated"]["throughput_rps"],
-                                  "corrected_rps": r["simulated_drift_corrected"]["throughput_rps"],
                                   "measured_p50_ms": r["measured"]["p50_ms"], "simulated_p50_ms": r["simulated"]["p50_ms"],
-                                  "corrected_p50_ms": r["simulated_drift_corrected"]["p50_ms"],
-                                  "within": r["within"], "within_drift_corrected": r["within_drift_corrected"]}
-                                 for r in rows]}))
+                                  "within": r["within"]} for r in rows]}))
     return 0
 
 

@@ -118,8 +118,7 @@ class Profile:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
     def scaled(self, factors: dict[str, float]) -> Profile:
-        """Every time of a stage multiplied by its factor (keys: router, vision, small, large, and cpu
-        for the processes' CPU per request)."""
+        """Every time of a stage multiplied by its factor (keys: router, vision, small, large)."""
         def scale(c: Curve, f: float) -> Curve:
             return Curve([(x, y * f) for x, y in zip(c.xs, c.ys)])
         return Profile(router_ms=self.router_ms * factors.get("router", 1.0),
@@ -127,12 +126,7 @@ class Profile:
                        prefill={r: scale(c, factors.get(r, 1.0)) for r, c in self.prefill.items()},
                        step={r: scale(c, factors.get(r, 1.0)) for r, c in self.step.items()},
                        workload=self.workload, source={**self.source, "scaled": factors},
-                       call_ms={k: v * factors.get("router", 1.0) for k, v in self.call_ms.items()},
-                       cpu_ms_per_request=self.cpu_ms_per_request * factors.get("cpu", 1.0))
-
-    def slowed(self, factor: float) -> Profile:
-        """The whole machine `factor` times slower (or faster, under 1): every time scaled alike."""
-        return self.scaled(dict.fromkeys(("router", "vision", "small", "large", "cpu"), factor))
+                       call_ms={k: v * factors.get("router", 1.0) for k, v in self.call_ms.items()})
 
 
 # --- the workload -----------------------------------------------------------------------------------

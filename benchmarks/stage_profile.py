@@ -45,9 +45,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = dict(vision=[1, 2, 4, 8], batches=[1, 2, 4, 8], steps=16, repeats=5)
 FULL = dict(vision=[1, 2, 4, 8, 16], batches=[1, 2, 4, 8, 16], steps=32, repeats=7)
-# A few points of the same curves, cheap enough (seconds) to re-measure between loads: how much slower
-# or faster the machine is now than when the profile was taken.
-PROBE = dict(vision=[1, 4], batches=[1, 4], steps=16, repeats=5)
 
 
 def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -> dict:
@@ -91,20 +88,6 @@ def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -
         out["generators"][role] = {"prefill": prefill, "step": step}
         del engine
     return out
-
-
-def speed_factor(profile: dict, probe: dict) -> float:
-    """How much slower the machine runs now than when `profile` was measured: the median, over the
-    probe's points that the profile also has, of probe time / profile time (1.0 when none match)."""
-    ratios = []
-    for role, points in probe["vision"].items():
-        then = {p["images"]: p["ms"] for p in profile["vision"][role]}
-        ratios += [p["ms"] / then[p["images"]] for p in points if then.get(p["images"])]
-    for role, curves in probe["generators"].items():
-        for kind, key in (("prefill", "batch"), ("step", "batch")):
-            then = {p[key]: p["ms"] for p in profile["generators"][role][kind]}
-            ratios += [p["ms"] / then[p[key]] for p in curves[kind] if then.get(p[key])]
-    return statistics.median(ratios) if ratios else 1.0
 
 
 # Datasheet figures (dense bf16) and what a served eager-transformers decode reaches of them: a guess

@@ -187,39 +187,6 @@ def test_the_open_loop_check_counts_requests_that_end_after_sending_stops():
     assert out["throughput_rps"] == round(4 / 9, 3)  # completions inside the window (ends at 2, 4, 6, 8 s)
 
 
-def test_a_slowed_profile_scales_every_time_the_cpu_per_request_too():
-    import dataclasses
-
-    w = Workload.mutual(0.0, AGREE)
-    busy = dataclasses.replace(profile(), cpu_ms_per_request=200.0)
-    slow = busy.slowed(1.5)
-    assert slow.cpu_ms_per_request == pytest.approx(300.0)
-    one, one_slow = (simulate(p, w, {}, settings(), concurrency=1, duration_s=20) for p in (busy, slow))
-    assert one_slow["p50_ms"] == pytest.approx(1.5 * one["p50_ms"], rel=1e-6)
-    # on shared cores the extra CPU is charged as load: a slower machine carries less
-    loaded, loaded_slow = (simulate(p, w, {}, settings(), concurrency=8, duration_s=20, host_cores=1)
-                           for p in (busy, slow))
-    assert loaded_slow["throughput_rps"] == pytest.approx(loaded["throughput_rps"] / 1.5, rel=0.05)
-
-
-def test_the_speed_factor_is_the_median_ratio_over_the_points_both_profiles_measured():
-    from benchmarks.stage_profile import speed_factor
-
-    def measured(f, *, extra=False):
-        gens = {"prefill": [{"batch": 1, "prompt_tokens": 10, "ms": 5.0 * f}],
-                "step": [{"batch": 1, "ms": 2.0 * f}] + ([{"batch": 16, "ms": 99.0}] if extra else [])}
-        return {"vision": {r: [{"images": 1, "ms": 4.0 * f}] for r in ("small", "large")},
-                "generators": {"small": gens, "large": gens}}
-
-    full = measured(1.0, extra=True)
-    assert speed_factor(full, measured(1.3)) == pytest.approx(1.3)
-    probe = measured(1.3)
-    probe["generators"]["large"] = {"prefill": [{"batch": 1, "prompt_tokens": 10, "ms": 50.0}],  # one outlier
-                                    "step": [{"batch": 1, "ms": 2.6}]}
-    assert speed_factor(full, probe) == pytest.approx(1.3)  # the median, not the mean
-    assert speed_factor(full, {"vision": {"small": [{"images": 8, "ms": 1.0}]}, "generators": {}}) == 1.0
-
-
 def test_a_load_is_simulated_with_the_workload_its_own_answers_reported():
     """Which items transfer is fixed by the items: the check feeds the simulator the paths and stage
     sizes the load's answered requests reported, not a smaller sample's."""
