@@ -27,7 +27,9 @@ A profile measured on a served app also carries each stage call's overhead beyon
 (`calls`: the handle's RPC, the features' fetch, the stream), added before the call reaches its pool,
 and the app's whole CPU per request (`cpu_ms_per_request`, every process): with shared cores, the part
 the stages do not account for (Serve's proxy and controller, the Router's handling of calls, the
-replicas' own bookkeeping) runs beside each request as load on the cores, off its critical path. On GPU pools leave it unset: each replica
+replicas' own bookkeeping) runs beside each request as load on the cores, off its critical path —
+measured alone and, if the profile has it, with 8 requests in flight (`cpu_ms_per_request_busy`):
+a request is charged between the two by how many are in flight when it arrives. On GPU pools leave it unset: each replica
 owns its device. What is not modelled: the network and object-store transfer of features, the
 feature cache, autoscaling (pools are fixed), stop strings ending a row early (steps are counts).
 
@@ -98,6 +100,9 @@ class Profile:
     # Every process's CPU per request on a served app (Router, replicas, proxy, controller, client):
     # with shared cores, what the stages above do not account for is charged as parallel load.
     cpu_ms_per_request: float = 0.0
+    # The same with more requests in flight, (in flight, ms), if measured: batching and the processes'
+    # per-iteration loops spread part of one request's cost over the others in flight.
+    cpu_busy: tuple[int, float] | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> Profile:
@@ -111,7 +116,10 @@ class Profile:
                    step={r: Curve([(p["batch"], p["ms"]) for p in gens[r]["step"]]) for r in ROLES},
                    workload=d.get("workload", {}), source=d.get("source", {}),
                    call_ms={"encode": 0.0, "generate": 0.0, **d.get("calls", {})},
-                   cpu_ms_per_request=float(sum(d.get("cpu_ms_per_request", {}).values())))
+                   cpu_ms_per_request=float(sum(d.get("cpu_ms_per_request", {}).values())),
+                   cpu_busy=(int(d["cpu_ms_per_request_busy"]["concurrency"]),
+                             float(sum(d["cpu_ms_per_request_busy"]["ms"].values())))
+                   if d.get("cpu_ms_per_request_busy") else None)
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -126,7 +134,8 @@ class Profile:
                        prefill={r: scale(c, factors.get(r, 1.0)) for r, c in self.prefill.items()},
                        step={r: scale(c, factors.get(r, 1.0)) for r, c in self.step.items()},
                        workload=self.workload, source={**self.source, "scaled": factors},
-                       call_ms={k: v * factors.get("router", 1.0) for k, v in self.call_ms.items()})
+                       call_ms={k: v * factors.get("router", 1.0) for k, v in self.call_ms.items()},
+                       cpu_ms_per_request=self.cpu_ms_per_request, cpu_busy=self.cpu_busy)
 
 
 # --- the workload -----------------------------------------------------------------------------------
@@ -234,11 +243,12 @@ def settings_from_config(path: str | Path) -> dict[str, PoolSettings]:
 
 # --- the simulation ---------------------------------------------------------------------------------
 class _Request:
-    __slots__ = ("arrived", "phases", "phase", "pending", "failed", "replica", "path")
+    __slots__ = ("arrived", "phases", "phase", "pending", "failed", "replica", "path", "in_flight")
 
     def __init__(self, arrived: float, path: str, phases):
         self.arrived, self.path, self.phases = arrived, path, phases
         self.phase, self.pending, self.failed, self.replica = 0, 0, False, None  # replica: its Router
+        self.in_flight = False  # counted among the requests in flight (the Router took it)
 
 
 class _Job:
@@ -334,7 +344,8 @@ class Simulation:
             total += share
             self._cum.append(total)
         self.on_done = None  # closed loop: called with each finished or rejected request
-        self._unaccounted_s = 0.0
+        self.in_flight = 0
+        self._unaccounted = (0.0, 0.0, 1)  # seconds at 1 in flight, at `busy` in flight; busy
 
     # -- requests --------------------------------------------------------------------------------
     def arrive(self) -> None:
@@ -343,19 +354,35 @@ class Simulation:
         req = _Request(self.env.now, name, phases)
         if not self.pools["Router"].submit(req):
             self._finish(req, rejected=True)
-        elif self._unaccounted_s:  # the rest of the request's measured CPU, beside its critical path
-            self._cpu_while(0.0, self._unaccounted_s * self._slowdown(1), lambda: None)
+            return
+        self.in_flight += 1
+        req.in_flight = True
+        extra = self._unaccounted_at(self.in_flight)
+        if extra:  # the rest of the request's measured CPU, beside its critical path
+            self._cpu_while(0.0, extra * self._slowdown(1), lambda: None)
 
-    def _unaccounted_cpu_s(self) -> float:
+    def _unaccounted_cpu_s(self) -> tuple[float, float, int]:
         """With shared cores and a measured CPU per request: that CPU less what the simulation charges
-        a request on its own (Router, call overheads, model work at batch 1), per path share."""
+        a request on its own (Router, call overheads, model work at batch 1), per path share — with
+        one request in flight, and with the profile's busier count if it measured one."""
         p = self.profile
         if not (self.host_cores and p.cpu_ms_per_request):
-            return 0.0
+            return 0.0, 0.0, 1
         w = self.workload
         charged = p.router_ms + sum(share * (w.images if c.kind == "vision" else 1) * w.call_ms(p, c)
                                     for _, share, phases in w.paths for phase in phases for c in phase)
-        return max(0.0, p.cpu_ms_per_request - charged) / 1000
+        alone = max(0.0, p.cpu_ms_per_request - charged) / 1000
+        if not p.cpu_busy or p.cpu_busy[0] <= 1:
+            return alone, alone, 1
+        return alone, max(0.0, p.cpu_busy[1] - charged) / 1000, p.cpu_busy[0]
+
+    def _unaccounted_at(self, in_flight: int) -> float:
+        """The unaccounted CPU of a request that arrives with `in_flight` requests in the app (itself
+        included): linear between the two measured counts, flat beyond them."""
+        alone, busy, n = self._unaccounted
+        if n <= 1:
+            return alone
+        return alone + (busy - alone) * min(1.0, max(0.0, (in_flight - 1) / (n - 1)))
 
     def on_assigned(self, pool: _Pool, job, replica: _Replica) -> None:
         now = self.env.now
@@ -438,6 +465,8 @@ class Simulation:
         else:
             self.latencies.append((req.arrived, now - req.arrived, req.path))
             self.done_times.append(now)
+        if req.in_flight:
+            self.in_flight -= 1
         if req.replica is not None:
             self.pools["Router"].release(req.replica)
         if self.on_done:
@@ -537,7 +566,7 @@ class Simulation:
         last counted requests finish and their latencies count."""
         if (rate is None) == (concurrency is None):
             raise ValueError("give either rate or concurrency")
-        self._unaccounted_s = self._unaccounted_cpu_s()
+        self._unaccounted = self._unaccounted_cpu_s()
         # Default warm-up: a tenth of the run, or three of the slowest path's unloaded latencies if
         # that is longer (slots held by long reasoning fill for that long), at most half the run.
         deep = 3 * self.workload.unloaded_s(self.profile)

@@ -20,7 +20,8 @@ model's work (a generate stage's latency less the model server's queue and decod
 stage's less the batch wait and the towers' time), and `workload`: `tandem:mutual` on held-out grid
 items — the transfer share and each stage's prompt tokens and decode steps, as the trace reports them —
 and, when the app runs on this machine, `cpu_ms_per_request`: every one of its processes' CPU time
-per request over those requests (benchmarks/cpu_per_request.py). Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
+per request over those requests (benchmarks/cpu_per_request.py), and `cpu_ms_per_request_busy`: the
+same with 8 requests in flight. Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
 
 The same JSON comes from a GPU (`--device cuda` with a config naming real-size models, e.g.
 `random:qwen3-vl-8b`), so a GPU run gives a GPU profile. Where no GPU is at hand, `--estimate L40S`
@@ -204,6 +205,35 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dic
     return round(statistics.median(overhead), 3), workload, medians, cpu
 
 
+def measure_cpu_busy(url: str, n: int, concurrency: int, seed: int = 0) -> dict[str, float]:
+    """Every app process's CPU ms per request with `concurrency` requests in flight (other held-out
+    items, so the feature cache stays cold): batching and the processes' per-iteration loops spread
+    part of what one request alone costs over the requests in flight."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from benchmarks.client import item_body
+    from benchmarks.cpu_per_request import app_processes, cpu_seconds, ms_per_request
+    from benchmarks.grid import grid_items
+
+    bodies = [item_body(item) for item in grid_items(n, seed=seed + 8)]
+    processes = app_processes()
+
+    def client(part: list[dict]) -> None:
+        with httpx.Client(timeout=120) as http:
+            for body in part:
+                http.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
+
+    cpu_before = cpu_seconds(processes)
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(client, [bodies[i::concurrency] for i in range(concurrency)]))
+    return ms_per_request(cpu_before, cpu_seconds(processes), n)
+
+
+BUSY_CONCURRENCY = 8
+
+
 def build_profile(config, grid: dict, *, url: str | None = None, router_ms: float = 1.0, app_requests: int = 40,
                   vision_wait_s: float = 0.005, bar=None) -> dict:
     from benchmarks.grid import grid_items
@@ -212,9 +242,10 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
     item = grid_items(1, seed=0)[0]
     started = time.time()
     measured = profile_engines(config, grid, item.image, item.prompt(), bar)
-    workload, calls, cpu = {}, {}, {}
+    workload, calls, cpu, busy = {}, {}, {}, {}
     if url:
         router_ms, workload, medians, cpu = measure_app(url, app_requests)
+        busy = measure_cpu_busy(url, app_requests, BUSY_CONCURRENCY)
         calls = {"generate": round(max(0.0, medians.get("generate", 0.0)), 3)}
         if "encode" in medians:
             # One request's two encode calls batch together (each model's tower on its image) after
@@ -229,7 +260,8 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
               "grid": grid, "app": url, "wall_s": round(time.time() - started, 1)}
     return {"kind": PROFILE_KIND, "version": 1, "source": source, "router": {"ms": router_ms},
             **measured, **({"workload": workload, "calls": calls} if workload else {}),
-            **({"cpu_ms_per_request": cpu} if len(cpu) > 1 else {})}
+            **({"cpu_ms_per_request": cpu} if len(cpu) > 1 else {}),
+            **({"cpu_ms_per_request_busy": {"concurrency": BUSY_CONCURRENCY, "ms": busy}} if len(busy) > 1 else {})}
 
 
 def print_profile(p: dict) -> None:
@@ -245,6 +277,10 @@ def print_profile(p: dict) -> None:
         cpu = p["cpu_ms_per_request"]
         print(f"CPU per request (all the app's processes): {sum(cpu.values()):.1f} ms = " + ", ".join(
             f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])))
+    if p.get("cpu_ms_per_request_busy"):
+        busy = p["cpu_ms_per_request_busy"]
+        print(f"CPU per request with {busy['concurrency']} in flight: {sum(busy['ms'].values()):.1f} ms = " + ", ".join(
+            f"{k} {v:.1f}" for k, v in sorted(busy["ms"].items(), key=lambda kv: -kv[1])))
     if p.get("workload"):
         w = p["workload"]
         print(f"workload: mutual, transfer {w['transfer_rate']:.1%} of {w.get('requests', 'assumed')}; " + "; ".join(

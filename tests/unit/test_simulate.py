@@ -11,17 +11,20 @@ from benchmarks.simulate import (PROFILE_KIND, ROOT, Curve, PoolSettings, Profil
                                  settings_from_config, simulate)
 
 
-def profile(*, router=1.0, vision=(4.0, 12.0), prefill=(5.0, 5.0), step=(2.0, 4.0), large_factor=2.0) -> Profile:
+def profile(**kw) -> Profile:
+    return Profile.from_dict(profile_dict(**kw))
+
+
+def profile_dict(*, router=1.0, vision=(4.0, 12.0), prefill=(5.0, 5.0), step=(2.0, 4.0), large_factor=2.0) -> dict:
     """Vision: vision[0] ms for 1 image, vision[1] for 8. Prefill: flat. Step: step[0] ms at 1 row,
     step[1] at 8. The large model is `large_factor` times slower."""
     def gen(f):
         return {"prefill": [{"batch": 1, "prompt_tokens": 10, "ms": prefill[0] * f},
                             {"batch": 8, "prompt_tokens": 10, "ms": prefill[1] * f}],
                 "step": [{"batch": 1, "ms": step[0] * f}, {"batch": 8, "ms": step[1] * f}]}
-    return Profile.from_dict({
-        "kind": PROFILE_KIND, "router": {"ms": router},
-        "vision": {r: [{"images": 1, "ms": vision[0]}, {"images": 8, "ms": vision[1]}] for r in ("small", "large")},
-        "generators": {"small": gen(1.0), "large": gen(large_factor)}})
+    return {"kind": PROFILE_KIND, "router": {"ms": router},
+            "vision": {r: [{"images": 1, "ms": vision[0]}, {"images": 8, "ms": vision[1]}] for r in ("small", "large")},
+            "generators": {"small": gen(1.0), "large": gen(large_factor)}}
 
 
 def settings(**over) -> dict[str, PoolSettings]:
@@ -205,3 +208,19 @@ def test_a_load_is_simulated_with_the_workload_its_own_answers_reported():
     assert w["stages"]["small_reasoning"]["decode_steps"] == 40.0
     sim = Workload.from_measured(w)
     assert dict((name, share) for name, share, _ in sim.paths) == {"agree": 0.5, "transfer": 0.5}
+
+
+def test_cpu_measured_with_requests_in_flight_is_charged_by_how_many_are_in_flight():
+    """One request alone costs the app more CPU than each of eight in flight (batching, loops that
+    serve many): a profile that measured both charges a busy app the lower figure."""
+    import dataclasses
+
+    w = Workload.mutual(0.0, AGREE)
+    alone_only = dataclasses.replace(profile(), cpu_ms_per_request=200.0)
+    with_busy = dataclasses.replace(alone_only, cpu_busy=(8, 60.0))
+    run = lambda p, c: simulate(p, w, {}, settings(), concurrency=c, duration_s=20, host_cores=1)  # noqa: E731
+    assert run(with_busy, 8)["throughput_rps"] > run(alone_only, 8)["throughput_rps"] * 1.5
+    assert run(with_busy, 1)["throughput_rps"] == pytest.approx(run(alone_only, 1)["throughput_rps"], rel=1e-6)
+    loaded = Profile.from_dict({**profile_dict(), "cpu_ms_per_request": {"Router": 150.0, "proxy": 50.0},
+                                "cpu_ms_per_request_busy": {"concurrency": 8, "ms": {"Router": 40.0, "proxy": 20.0}}})
+    assert loaded.cpu_busy == (8, 60.0) and loaded.scaled({"small": 2}).cpu_busy == (8, 60.0)
