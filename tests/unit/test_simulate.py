@@ -190,11 +190,22 @@ def test_the_open_loop_check_counts_requests_that_end_after_sending_stops():
     assert out["throughput_rps"] == round(4 / 9, 3)  # completions inside the window (ends at 2, 4, 6, 8 s)
 
 
-def test_a_load_is_simulated_with_the_workload_its_own_answers_reported():
+def test_a_load_reports_the_workload_its_answers_carried():
     """Which items transfer is fixed by the items: the check feeds the simulator the paths and stage
-    sizes the load's answered requests reported, not a smaller sample's."""
+    sizes the loads' answers reported (not a smaller sample's), and counts the answers an overloaded
+    app gave without the small model."""
     from benchmarks.sim_check import Traces
 
+    traces = Traces()
+    traces.add({"path": "agree", "stages": {"small_direct": {"prompt_tokens": 80, "decode_steps": 2},
+                                            "large_direct": {"prompt_tokens": 76, "decode_steps": 2}}})
+    traces.add({"path": "transfer", "degraded": False, "stages": {"small_direct": {"prompt_tokens": 84, "decode_steps": 2},
+                                               "large_direct": {"prompt_tokens": 78, "decode_steps": 2},
+                                               "small_reasoning": {"prompt_tokens": 80, "decode_steps": 40},
+                                               "large_transfer": {"prompt_tokens": 150, "decode_steps": 2}}})
+    traces.add({"path": "large", "degraded": True, "stages": {"large_direct": {"prompt_tokens": 76, "decode_steps": 2}}})
+    w = traces.workload()
+    assert w["transfer_rate"] == round(1 / 3, 4) and w["requests"] == 3 and w["degraded"] == 1
     traces = Traces()
     traces.add({"path": "agree", "stages": {"small_direct": {"prompt_tokens": 80, "decode_steps": 2},
                                             "large_direct": {"prompt_tokens": 76, "decode_steps": 2}}})
