@@ -199,17 +199,17 @@ class Batcher:
     tokens a step for the large model)."""
 
     def __init__(self, role: str, tokenizer, image_processor, image_token_id: int, seed: int,
-                 reason_tiers: dict[str, float] | None = None):
+                 reason_tiers: dict[str, float] | None = None, direct_tiers: dict[str, float] | None = None):
         self.role, self.tok, self.proc, self.image_token_id = role, tokenizer, image_processor, image_token_id
-        self.reason_tiers = reason_tiers
+        self.tiers = {"reason": reason_tiers, "direct": direct_tiers}
         self.rng = random.Random(seed)
         self.seed, self.next_item = seed, 0
         self.mix = MIX[role]  # train() sets it per step
 
     def example(self, objective: str):
         tier = None
-        if objective == "reason" and self.reason_tiers:
-            tier = self.rng.choices(list(self.reason_tiers), weights=list(self.reason_tiers.values()))[0]
+        if tiers := self.tiers.get(objective):
+            tier = self.rng.choices(list(tiers), weights=list(tiers.values()))[0]
         item = grid_item(train_seed(self.seed, self.next_item), tier=tier)
         self.next_item += 1
         prompt, target = render_example(item, self.role, objective, self.tok, self.rng)
@@ -318,6 +318,7 @@ def from_checkpoint(ref: str):
 def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.25, batch_size: int = 32,
           seed: int = 0, tokenizer=None, bf16: bool = False, progress: bool = True,
           mix: dict[str, float] | None = None, reason_tiers: dict[str, float] | None = None,
+          direct_tiers: dict[str, float] | None = None,
           finish_mix: dict[str, float] | None = None, finish_share: float | None = None,
           init_from: str | None = None) -> dict:
     """Train one role — from scratch, or on from the checkpoint `init_from` (its weights and tokenizer) —
@@ -335,7 +336,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         init_vision_positions(model)
         base = None
     batcher = Batcher(role, tokenizer, processor.image_processor, model.config.image_token_id,
-                      seed=seed * 2 + (role == "large"), reason_tiers=reason_tiers)
+                      seed=seed * 2 + (role == "large"), reason_tiers=reason_tiers, direct_tiers=direct_tiers)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     model.train()
     losses, start = [], time.perf_counter()
@@ -366,6 +367,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "parameters": sum(p.numel() for p in model.parameters()),
              "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
              "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers,  # None: the task's own mix
+             **({"direct_tiers": direct_tiers} if direct_tiers else {}),
              "finish_mix": finish_mix, "finish_share": finish_share if finish_mix else None,
              "random_access_p": RANDOM_ACCESS_P,
              "corrupt_hint_p": CORRUPT_P if "transfer" in mix else None,
@@ -526,6 +528,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reason-tiers", type=parse_shares(TIERS),
                     help="tiers of the reasoning examples, e.g. perceive=0.2,count=0.4,compose=0.4; "
                          "default the task's mix")
+    ap.add_argument("--direct-tiers", type=parse_shares(TIERS),
+                    help="tiers of the direct-answer examples, as --reason-tiers; default the task's mix")
     ap.add_argument("--init-from", metavar="MODEL",
                     help="train on from this checkpoint (a path or trained:ROLE; its tokenizer, no reading-only "
                          "first steps) instead of from scratch")
@@ -550,7 +554,7 @@ def main(argv=None) -> int:
                       read_first=0.0 if args.init_from else d["read_first"],
                       batch_size=args.batch_size or d["batch_size"], seed=args.seed,
                       tokenizer=tokenizer, bf16=args.bf16, mix=args.mix,
-                      reason_tiers=args.reason_tiers, finish_mix=args.finish_mix,
+                      reason_tiers=args.reason_tiers, direct_tiers=args.direct_tiers, finish_mix=args.finish_mix,
                       finish_share=args.finish_share, init_from=args.init_from)
         write_card(Path(args.out) / role, None)
         print(json.dumps(facts))

@@ -166,13 +166,15 @@ def test_a_mix_names_known_objectives_only():
         parse_mix("direct=0.5,thinking=0.5")
 
 
-def test_reasoning_examples_follow_the_tier_mix_they_are_given():
+def test_reasoning_and_direct_examples_follow_the_tier_mixes_they_are_given():
     from benchmarks.train_tiny import Batcher
 
-    batcher = Batcher("small", None, None, 0, seed=0, reason_tiers={"compose": 1.0})
+    batcher = Batcher("small", None, None, 0, seed=0, reason_tiers={"compose": 1.0}, direct_tiers={"count": 1.0})
     assert all("modulo 10" in batcher.example("reason")[0] for _ in range(20))
-    batcher.reason_tiers = None  # the task's own mix: perceive questions among them
+    assert all("How many" in batcher.example("direct")[0] for _ in range(20))
+    batcher.tiers = {}  # the task's own mix: perceive questions among them
     assert not all("modulo 10" in batcher.example("reason")[0] for _ in range(20))
+    assert not all("How many" in batcher.example("direct")[0] for _ in range(20))
 
 
 def test_the_command_prints_its_help(capsys):
