@@ -35,31 +35,11 @@ from benchmarks.client import ROOT, LocalApps, item_body
 from benchmarks.grid import grid_items
 from benchmarks.metrics import percentile
 from benchmarks.simulate import Profile, Workload, settings_from_config, simulate
+from benchmarks.stage_profile import Traces
 
 
 def bodies(n: int, seed: int) -> list[dict]:
     return [item_body(item) for item in grid_items(n, seed=seed)]
-
-
-class Traces:
-    """The path and stage sizes of every answered request of a load: the workload it sent (which items
-    transfer is fixed by the items; under overload the app also answers some without the small
-    model, `degraded`)."""
-
-    def __init__(self):
-        self.paths: list[str] = []
-        self.stages: dict[str, list[tuple[int, int]]] = {}
-        self.degraded = 0  # answered by the large model alone: the small model's pool shed them
-
-    def add(self, trace: dict) -> None:
-        self.paths.append(trace["path"])
-        self.degraded += bool(trace.get("degraded"))
-        for name, s in trace.get("stages", {}).items():
-            self.stages.setdefault(name, []).append((s["prompt_tokens"], s["decode_steps"]))
-
-    def workload(self) -> dict:
-        from benchmarks.stage_profile import workload_of
-        return {**workload_of(self.paths, self.stages), "degraded": self.degraded}
 
 
 async def _post(http: httpx.AsyncClient, url: str, body: dict, traces: Traces | None = None

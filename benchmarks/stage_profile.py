@@ -162,14 +162,31 @@ def name_of(real: str) -> str:
     return {"qwen3-vl-2b": "Qwen/Qwen3-VL-2B-Thinking", "qwen3-vl-8b": "Qwen/Qwen3-VL-8B-Instruct"}.get(real, real)
 
 
-def workload_of(paths: list[str], stages: dict[str, list[tuple[int, int]]]) -> dict:
-    """`tandem:mutual`'s workload from its traces: the transfer share, and each stage's mean prompt
-    tokens and decode steps (`stages`: per stage name, (prompt tokens, decode steps) per call)."""
-    return {"policy": "mutual", "requests": len(paths), "images": 1,
-            "transfer_rate": round(paths.count("transfer") / len(paths), 4) if paths else 0.0,
-            "stages": {name: {"prompt_tokens": round(statistics.mean(p for p, _ in v), 1),
-                              "decode_steps": round(statistics.mean(s for _, s in v), 2), "n": len(v)}
-                       for name, v in sorted(stages.items())}}
+class Traces:
+    """The path and stage sizes of every answered `tandem:mutual` request, from their traces: the
+    workload they sent (which items transfer is fixed by the items; under overload the app also
+    answers some without the small model, `degraded`)."""
+
+    def __init__(self):
+        self.paths: list[str] = []
+        self.stages: dict[str, list[tuple[int, int]]] = {}
+        self.degraded = 0  # answered by the large model alone: the small model's pool shed them
+
+    def add(self, trace: dict) -> None:
+        self.paths.append(trace["path"])
+        self.degraded += bool(trace.get("degraded"))
+        for name, s in trace.get("stages", {}).items():
+            self.stages.setdefault(name, []).append((s["prompt_tokens"], s["decode_steps"]))
+
+    def workload(self) -> dict:
+        """The transfer share, and each stage's mean prompt tokens and decode steps."""
+        paths = self.paths
+        return {"policy": "mutual", "requests": len(paths), "images": 1,
+                "transfer_rate": round(paths.count("transfer") / len(paths), 4) if paths else 0.0,
+                "stages": {name: {"prompt_tokens": round(statistics.mean(p for p, _ in v), 1),
+                                  "decode_steps": round(statistics.mean(s for _, s in v), 2), "n": len(v)}
+                           for name, v in sorted(self.stages.items())},
+                "degraded": self.degraded}
 
 
 def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dict]:
@@ -181,7 +198,7 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dic
     from benchmarks.cpu_per_request import app_processes, cpu_seconds, ms_per_request
     from benchmarks.grid import grid_items
 
-    overhead, paths, stages, calls = [], [], {}, {"encode": [], "generate": []}
+    overhead, traces, calls = [], Traces(), {"encode": [], "generate": []}
     processes = app_processes()  # the app's processes on this machine (only this client for a remote URL)
     cpu_before = cpu_seconds(processes)
     with httpx.Client(timeout=120) as http:
@@ -193,14 +210,13 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dic
             trace = r.json()["tandem"]
             lat = trace["latency_ms"]
             overhead.append(client_ms - lat["total"])
-            paths.append(trace["path"])
+            traces.add(trace)
             for name, s in trace.get("stages", {}).items():
-                stages.setdefault(name, []).append((s["prompt_tokens"], s["decode_steps"]))
                 # the call's time beyond the model server's own (queue, batch wait, prefill, decode)
                 calls["generate"].append(lat[name] - s["queue_ms"] - s["decode_ms"])
             calls["encode"] += [lat[k] for k in ("encode_small", "encode_large") if k in lat]
     cpu = ms_per_request(cpu_before, cpu_seconds(processes), n)
-    workload = workload_of(paths, stages)
+    workload = traces.workload()
     medians = {k: statistics.median(v) for k, v in calls.items() if v}
     return round(statistics.median(overhead), 3), workload, medians, cpu
 

@@ -194,7 +194,7 @@ def test_a_load_reports_the_workload_its_answers_carried():
     """Which items transfer is fixed by the items: the check feeds the simulator the paths and stage
     sizes the loads' answers reported (not a smaller sample's), and counts the answers an overloaded
     app gave without the small model."""
-    from benchmarks.sim_check import Traces
+    from benchmarks.stage_profile import Traces
 
     traces = Traces()
     traces.add({"path": "agree", "stages": {"small_direct": {"prompt_tokens": 80, "decode_steps": 2},
