@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 # Bump when the builder's output changes, so cached checkpoints are rebuilt.
-TINY_VERSION = 2
+TINY_VERSION = 3  # 3: video processor config written (vLLM's Qwen3-VL processor needs one)
 TINY_VOCAB_SIZE = 1024
 
 QWEN_SPECIAL_TOKENS = [
@@ -41,6 +41,10 @@ TINY_SIZES = {
                               deepstack_visual_indexes=[1, 2, 3]),
                   thinking=False),
 }
+# vLLM's CPU attention takes heads of 32, 64, 80, ... 512 only: `small` with 32-wide heads (the same
+# width and depth otherwise) is the small role on engine: vllm (serve_config.vllm-cpu.yaml, tests/vllm).
+TINY_SIZES["small-h32"] = dict(TINY_SIZES["small"], text=dict(TINY_SIZES["small"]["text"], head_dim=32,
+                                                              mrope_section=[4, 6, 6]))
 
 
 # Published Qwen3-VL dimensions: the text model is the Qwen3 dense model of that size; the vision
@@ -214,6 +218,7 @@ def save_checkpoint(out_dir, model, processor, tokenizer) -> Path:
     processor.save_pretrained(out)
     tokenizer.chat_template = processor.chat_template
     tokenizer.save_pretrained(out)
+    write_video_processor_config(out, processor.image_processor)
     return out
 
 
@@ -253,3 +258,19 @@ def resolve_model_ref(ref: str, seed: int = 0) -> str:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return str(target)
+
+
+def write_video_processor_config(out_dir, image_processor) -> None:
+    """The `video_preprocessor_config.json` a real Qwen3-VL checkpoint carries: Qwen3VLVideoProcessor's
+    defaults at the checkpoint's patch geometry. Tandem answers images only and never loads it (it
+    needs torchvision); vLLM's Qwen3-VL input processor does, on every checkpoint it serves."""
+    import json
+
+    config = {"video_processor_type": "Qwen3VLVideoProcessor", "do_convert_rgb": True, "do_normalize": True,
+              "do_rescale": True, "do_resize": True, "do_sample_frames": True, "fps": 2,
+              "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "max_frames": 768,
+              "min_frames": 4, "max_video_tokens": 768, "resample": 3, "rescale_factor": 1 / 255,
+              "return_metadata": False, "size": {"longest_edge": 786432, "shortest_edge": 131072},
+              "patch_size": image_processor.patch_size, "merge_size": image_processor.merge_size,
+              "temporal_patch_size": image_processor.temporal_patch_size}
+    (Path(out_dir) / "video_preprocessor_config.json").write_text(json.dumps(config, indent=2) + "\n")

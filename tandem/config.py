@@ -24,6 +24,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class VllmOptions(_Strict):
+    """How `engine: vllm` runs one role's model (vLLM's own engine arguments, checked here without vLLM
+    installed). Ignored by the other engines."""
+
+    max_model_len: int = Field(8192, gt=0, description="Longest sequence (prompt + output) vLLM plans KV "
+                                                       "cache for: at least limits.max_prompt_tokens plus the "
+                                                       "longest generation (`tandem validate-config` checks it).")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="GPU: share of the GPU's memory vLLM "
+                                                                       "takes for weights, activations and KV cache.")
+    tensor_parallel_size: int = Field(1, gt=0, description="GPUs one replica shards the model over (give the "
+                                                           "deployment as many: a placement group bundle each).")
+    max_num_seqs: int = Field(64, gt=0, description="Most requests decoded together (continuous batching).")
+    block_size: int | None = Field(None, gt=0, description="KV cache block in tokens; prefix caching reuses whole "
+                                                           "blocks. None: vLLM's default for the platform.")
+    enable_prefix_caching: bool = Field(True, description="Reuse the KV cache of a prompt head seen before (the "
+                                                          "transfer prompt shares system, image and question with "
+                                                          "the direct one).")
+    enforce_eager: bool = Field(False, description="No CUDA graphs or torch.compile (the CPU config sets it: "
+                                                   "compiling costs minutes there).")
+    cpu_kv_cache_gib: int = Field(1, gt=0, description="CPU only: KV cache size in GiB "
+                                                           "(VLLM_CPU_KVCACHE_SPACE).")
+
+
 class ModelConfig(_Strict):
     """One model role (small reasoner or large answerer)."""
 
@@ -43,6 +66,7 @@ class ModelConfig(_Strict):
                                                          "(bounds the number of visual tokens).")
     trust_remote_code: bool = Field(False, description="Allow code shipped with a checkpoint to run. Off "
                                                        "unless the operator turns it on.")
+    vllm: VllmOptions = Field(VllmOptions(), description="Engine arguments when `engine: vllm`.")
 
     @model_validator(mode="after")
     def _pixels_ordered(self) -> "ModelConfig":
@@ -133,7 +157,10 @@ class TandemConfig(_Strict):
     small: ModelConfig = Field(ModelConfig(model="trained:small"), description="The small reasoner.")
     large: ModelConfig = Field(ModelConfig(model="trained:large", reasoning_format="prompted"),
                                description="The large answerer.")
-    engine: Literal["transformers", "fake"] = Field("transformers", description="Engine behind both roles.")
+    engine: Literal["transformers", "vllm", "fake"] = Field(
+        "transformers", description="Engine behind both roles: transformers (static checkpoints, Tandem's own "
+                                    "decode loop), vllm (continuous batching, prefix caching; the `vllm` or "
+                                    "`vllm-cpu` extra) or fake (no model: orchestration tests).")
     fake: FakeEngineConfig = Field(FakeEngineConfig(), description="Settings of the fake engine.")
     policy: PolicyConfig = Field(PolicyConfig(), description="Policy defaults.")
     selector: SelectorConfig = Field(SelectorConfig(), description="Reasoning selector.")
@@ -167,10 +194,28 @@ def longest_prompt_tokens(config: TandemConfig, role: str) -> dict[str, int]:
             "question": config.http.max_question_chars, "added": added, "template": TEMPLATE_TOKENS}
 
 
+def longest_generation_tokens(config: TandemConfig) -> int:
+    """Most tokens one stage may generate: a reasoning, an answer, or what a client asks for."""
+    limits = config.limits
+    return max(limits.reasoning_max_tokens, limits.answer_max_tokens, limits.max_request_tokens)
+
+
 def limit_problems(config: TandemConfig) -> list[str]:
     """Cross-field invariants that one field's validation cannot see: a request that every HTTP limit
-    admits must not be refused by a model server for its prompt's length."""
+    admits must not be refused by a model server for its prompt's length; on vLLM, the longest prompt
+    and generation must fit the sequence length its KV cache is planned for."""
     problems = []
+    if config.engine == "vllm":
+        if config.selector.kind == "attention":
+            problems.append("selector.kind 'attention' needs the small model's attention weights, which "
+                            "engine 'vllm' does not return; use 'budget' or 'full'")
+        need = config.limits.max_prompt_tokens + longest_generation_tokens(config)
+        for role in ("small", "large"):
+            have = config.model(role).vllm.max_model_len
+            if have < need:
+                problems.append(f"{role}.vllm.max_model_len ({have}) is below limits.max_prompt_tokens "
+                                f"({config.limits.max_prompt_tokens}) + the longest generation "
+                                f"({longest_generation_tokens(config)}): {need}; raise it or lower those")
     for role in ("small", "large"):
         parts = longest_prompt_tokens(config, role)
         need = sum(parts.values())

@@ -17,8 +17,26 @@ from tandem.pipeline import Pipeline, Stages
 from tandem.schemas import AskRequest, TandemResult
 
 
+class SplitEngine:
+    """A role's vision tower and decoder on two engines (vLLM runs decoders only): encode_images goes
+    to the first, everything else to the second."""
+
+    def __init__(self, vision, decoder):
+        self.vision, self.decoder = vision, decoder
+
+    def encode_images(self, images):
+        return self.vision.encode_images(images)
+
+    def __getattr__(self, name):
+        return getattr(self.decoder, name)
+
+
 def load_engines(config: TandemConfig) -> dict:
-    """One engine per role, serving both its vision tower and its decoder; one load per checkpoint."""
+    """One engine per role, serving both its vision tower and its decoder; one load per checkpoint
+    (on `engine: vllm`, the tower on transformers and the decoder on vLLM)."""
+    if config.engine == "vllm":
+        return {role: SplitEngine(make_engine(config, role, language=False), make_engine(config, role, vision=False))
+                for role in ROLES}
     return {role: make_engine(config, role) for role in ROLES}
 
 

@@ -1,6 +1,7 @@
 """Engines: what runs a model. `protocol` says what every engine does; `transformers_engine` runs
 Hugging Face checkpoints; `fake` honours the protocol without a model, for orchestration tests.
-`make_engine` is the one place that picks an engine for a role from the config."""
+`vllm_engine` runs a decoder on vLLM (an extra). `make_engine` is the one place that picks an engine
+for a role from the config: on `engine: vllm` the vision towers still run on transformers."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ def make_engine(config, role: str, *, vision: bool = True, language: bool = True
         fake = config.fake
         return FakeEngine(role, default_rule(fake.answer_words, fake.reasoning_words), step_s=fake.step_s,
                           max_prompt_tokens=limit)
+    if config.engine == "vllm" and language:
+        if vision:
+            raise ValueError("engine 'vllm' runs decoders only: the VisionEncoder encodes with transformers")
+        from tandem.engines.vllm_engine import VllmEngine
+        return VllmEngine(config.model(role), name=role, max_prompt_tokens=limit)
     from tandem.engines.transformers_engine import TransformersEngine
     return TransformersEngine(config.model(role), name=role, vision=vision, language=language,
                               max_prompt_tokens=limit)

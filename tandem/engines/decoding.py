@@ -27,13 +27,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol
 
+from tandem.engines.common import DETOKENIZE_CONTEXT
 from tandem.schemas import GenerationOutput, GenerationRequest, SamplingParams, TokenDelta
 
 logger = logging.getLogger(__name__)
 _KEEP_COUNTS = 4096  # decoded-token counts kept for the most recent requests (stats)
-# Committed tokens decoded again beside the new ones: a tokenizer may space a token by the one before
-# it, and the window keeps each step's decode a few tokens long, not the whole sequence.
-_DETOKENIZE_CONTEXT = 4
 
 
 class StepEngine(Protocol):
@@ -294,7 +292,7 @@ class DecodeLoop:
         committed ones (byte-level BPE splits a character such as "é" or "°" across tokens: decoding
         token by token gives U+FFFD for each piece); a trailing U+FFFD is an unfinished character,
         held until its last byte arrives (or the row ends)."""
-        start = max(0, row.committed - _DETOKENIZE_CONTEXT)
+        start = max(0, row.committed - DETOKENIZE_CONTEXT)
         before = self.engine.detokenize(row.ids[start:row.committed])
         window = self.engine.detokenize(row.ids[start:])
         last = len(row.ids) >= row.request.sampling.max_tokens

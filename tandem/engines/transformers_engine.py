@@ -19,11 +19,12 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDe
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
+from tandem.engines.common import expand_placeholders, model_sampling
 from tandem.engines.decoding import DecodeLoop, Prepared
 from tandem.errors import BadRequest
 from tandem.images import decode_image
 from tandem.processors import load_processor
-from tandem.prompts import IMAGE_PAD, IMAGE_PLACEHOLDER
+from tandem.prompts import IMAGE_PLACEHOLDER
 from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, SamplingParams
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
@@ -128,17 +129,8 @@ class TransformersEngine:
         self.image_token_id = self.processor.image_token_id
         self.merge_size = self.processor.image_processor.merge_size
         self.stop_token_ids = self._stop_token_ids()
-        self.reasoning_sampling = self._model_sampling()
+        self.reasoning_sampling = model_sampling(self.model.generation_config)
         self.loop = DecodeLoop(self, name=f"decode-{name}")
-
-    def _model_sampling(self) -> dict:
-        """How the checkpoint's generation_config says to sample (Qwen3 thinking models: temperature
-        0.6, top_p 0.95, top_k 20); greedy where it says nothing or do_sample is off."""
-        gen = self.model.generation_config
-        if not getattr(gen, "do_sample", False) or not (getattr(gen, "temperature", None) or 0) > 0:
-            return {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
-        return {"temperature": float(gen.temperature), "top_p": float(getattr(gen, "top_p", None) or 1.0),
-                "top_k": int(getattr(gen, "top_k", None) or 0)}
 
     def _stop_token_ids(self) -> set[int]:
         eos = self.model.generation_config.eos_token_id
@@ -203,14 +195,7 @@ class TransformersEngine:
         return Prepared(len(ids), ids)
 
     def _expand_placeholders(self, request: GenerationRequest) -> str:
-        parts = request.prompt.split(IMAGE_PAD)
-        if len(parts) - 1 != len(request.images):
-            raise BadRequest(f"prompt has {len(parts) - 1} image placeholders for {len(request.images)} images")
-        for feat in request.images:
-            if feat.model != self.name:
-                raise BadRequest(f"features from model '{feat.model}' sent to model '{self.name}'")
-        pads = [IMAGE_PAD * f.num_tokens for f in request.images] + [""]
-        return "".join(p + pad for p, pad in zip(parts, pads))
+        return expand_placeholders(request, self.name)
 
     def _features(self, batch: list[GenerationRequest]) -> dict:
         feats = [f for r in batch for f in r.images]

@@ -3,11 +3,16 @@ deployed from serve_config.yaml through the controller's config path (what `serv
 `tandem` (random-init tiny small + tiny large, chosen because they disagree on everything, so a
 `mutual` request always transfers) and `agree` (the same tiny checkpoint in both roles: greedy
 answers agree; API keys on; its LargeAnswerer admits one request and queues one more,
-so overload is easy to provoke). Torn down at the end."""
+so overload is easy to provoke). Torn down at the end.
+
+`TANDEM_TEST_ENGINE=vllm` (scripts/test-vllm.sh, in .venv-vllm) deploys the same two apps with
+`engine: vllm`, so every Serve test runs against vLLM too: the small role is then tiny:small-h32
+(vLLM's CPU attention takes heads of 32 and up; tiny:small's are 16)."""
 
 from __future__ import annotations
 
 import copy
+import os
 import socket
 import time
 from pathlib import Path
@@ -18,6 +23,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 TEST_BATCH = {"max_batch_size": 8, "batch_wait_timeout_s": 0.05}
 API_KEY = "test-key-1"
+ENGINE = os.environ.get("TANDEM_TEST_ENGINE", "transformers")
+# serve_config.vllm-cpu.yaml's engine arguments.
+VLLM_CPU = {"enforce_eager": True, "block_size": 32, "max_model_len": 8192, "max_num_seqs": 32, "cpu_kv_cache_gib": 1}
+
+
+def _model(ref: str, reasoning_format: str) -> dict:
+    if ENGINE != "vllm":
+        return {"model": ref, "reasoning_format": reasoning_format}
+    return {"model": {"tiny:small": "tiny:small-h32"}.get(ref, ref), "reasoning_format": reasoning_format,
+            "vllm": dict(VLLM_CPU)}
 
 
 def _free_port() -> int:
@@ -29,8 +44,9 @@ def _free_port() -> int:
 def app_configs(large_batch: dict | None = None) -> list[dict]:
     base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
     tandem = copy.deepcopy(base)
-    tandem["args"]["small"] = {"model": "tiny:small", "reasoning_format": "think_tags"}
-    tandem["args"]["large"] = {"model": "tiny:large", "reasoning_format": "prompted"}
+    tandem["args"]["small"] = _model("tiny:small", "think_tags")
+    tandem["args"]["large"] = _model("tiny:large", "prompted")
+    tandem["args"]["engine"] = ENGINE
     for dep in tandem["deployments"]:
         if dep["name"] in ("SmallReasoner", "LargeAnswerer"):
             dep["user_config"] = dict(TEST_BATCH)
@@ -38,7 +54,7 @@ def app_configs(large_batch: dict | None = None) -> list[dict]:
             dep["user_config"] = dict(large_batch)
     agree = copy.deepcopy(tandem)
     agree.update(name="agree", route_prefix="/agree")
-    agree["args"]["small"] = {"model": "tiny:large", "reasoning_format": "prompted"}
+    agree["args"]["small"] = _model("tiny:large", "prompted")
     agree["args"]["http"] = dict(agree["args"]["http"], api_keys_env="TANDEM_API_KEYS")
     agree["runtime_env"] = {"env_vars": dict(agree["runtime_env"]["env_vars"], TANDEM_API_KEYS=f"{API_KEY},other")}
     for dep in agree["deployments"]:

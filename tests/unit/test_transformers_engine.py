@@ -293,13 +293,14 @@ def test_each_deployment_loads_only_its_part_with_the_checkpoints_weights():
 
 
 def test_reasoning_takes_the_checkpoints_sampling_and_sampling_honours_top_k_and_top_p():
+    from tandem.engines.common import model_sampling
     from tandem.engines.transformers_engine import _sample
 
     engine = TransformersEngine(ModelConfig(model="trained:small"), name="small", vision=False)
     assert engine.reasoning_sampling == {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # its config says nothing
     gen = engine.model.generation_config
     gen.do_sample, gen.temperature, gen.top_p, gen.top_k = True, 0.6, 0.95, 20  # as Qwen3's thinking models ship
-    engine.reasoning_sampling = engine._model_sampling()
+    engine.reasoning_sampling = model_sampling(gen)
     asked = GenerationRequest("hi", [], SamplingParams(max_tokens=4, model_defaults=True))
     engine.prepare(asked)
     assert (asked.sampling.temperature, asked.sampling.top_p, asked.sampling.top_k) == (0.6, 0.95, 20)

@@ -63,3 +63,17 @@ def test_default_config_keeps_its_own_invariants():
     bigger = config.model_copy(update={"http": config.http.model_copy(
         update={"max_question_chars": config.http.max_question_chars + over})})
     assert limit_problems(bigger) and "small prompt" in limit_problems(bigger)[0]
+
+
+def test_vllm_cpu_config_is_valid_and_its_engine_limits_are_checked(tmp_path):
+    assert run(ROOT / "serve_config.vllm-cpu.yaml").returncode == 0  # without vLLM installed
+    text = (ROOT / "serve_config.vllm-cpu.yaml").read_text()
+    assert text.count("max_model_len: 8192") == 2 and "kind: budget" in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("max_model_len: 8192", "max_model_len: 4300", 1).replace("kind: budget", "kind: attention"))
+    out = run(bad)
+    assert out.returncode != 0
+    # 4096 prompt tokens (the default limit) + the longest generation (max_request_tokens 256)
+    assert "small.vllm.max_model_len (4300) is below limits.max_prompt_tokens (4096) + the longest generation (256): 4352" in out.stderr
+    assert "large.vllm" not in out.stderr
+    assert "selector.kind 'attention' needs the small model's attention weights" in out.stderr

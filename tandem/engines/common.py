@@ -1,0 +1,54 @@
+"""What every generation engine reads and checks the same way: a request's placeholders against its
+features, the checkpoint's own sampling advice, and a token list cut into per-token text pieces."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tandem.errors import BadRequest
+from tandem.prompts import IMAGE_PAD
+from tandem.schemas import GenerationRequest
+
+# Committed tokens decoded again beside the new ones: a tokenizer may space a token by the one before
+# it, and the window keeps each decode a few tokens long, not the whole sequence.
+DETOKENIZE_CONTEXT = 4
+
+
+def expand_placeholders(request: GenerationRequest, model: str) -> str:
+    """The prompt with each image's one placeholder repeated to its visual token count; 400 when the
+    placeholders and the features differ, or the features are another model's."""
+    parts = request.prompt.split(IMAGE_PAD)
+    if len(parts) - 1 != len(request.images):
+        raise BadRequest(f"prompt has {len(parts) - 1} image placeholders for {len(request.images)} images")
+    for feat in request.images:
+        if feat.model != model:
+            raise BadRequest(f"features from model '{feat.model}' sent to model '{model}'")
+    pads = [IMAGE_PAD * f.num_tokens for f in request.images] + [""]
+    return "".join(p + pad for p, pad in zip(parts, pads))
+
+
+def model_sampling(generation_config) -> dict:
+    """How the checkpoint's generation_config says to sample (Qwen3 thinking models: temperature
+    0.6, top_p 0.95, top_k 20); greedy where it says nothing or do_sample is off."""
+    gen = generation_config
+    if not getattr(gen, "do_sample", False) or not (getattr(gen, "temperature", None) or 0) > 0:
+        return {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    return {"temperature": float(gen.temperature), "top_p": float(getattr(gen, "top_p", None) or 1.0),
+            "top_k": int(getattr(gen, "top_k", None) or 0)}
+
+
+def token_pieces(detokenize: Callable[[list[int]], str], ids: list[int]) -> list[str]:
+    """Each token's share of the decoded text, the pieces joining to the whole. A character that
+    byte-level BPE splits over tokens belongs to the token that completes it (the ones before get "")."""
+    pieces, committed = [], 0
+    for n in range(1, len(ids) + 1):
+        start = max(0, committed - DETOKENIZE_CONTEXT)
+        before = detokenize(ids[start:committed])
+        window = detokenize(ids[start:n])
+        if (window.endswith("\ufffd") and n < len(ids)) or not window.startswith(before):
+            pieces.append("")
+            continue
+        piece = window[len(before):]
+        pieces.append(piece)
+        committed = n
+    return pieces
