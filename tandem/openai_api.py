@@ -185,11 +185,11 @@ def _load_image(url: str, where: str, http: HttpConfig) -> bytes:
 
 
 def usage(result: TandemResult) -> dict:
-    """OpenAI's usage: completion tokens of every stage, those of reasoning stages among them; no
-    engine here reuses a prompt prefix yet, so no prompt token is cached."""
+    """OpenAI's usage: completion tokens of every stage, those of reasoning stages among them, and the
+    prompt tokens an engine's prefix cache served (vLLM's; the transformers engine reuses none)."""
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
             "total_tokens": result.prompt_tokens + result.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
             "completion_tokens_details": {"reasoning_tokens": result.reasoning_tokens}}
 
 

@@ -137,6 +137,7 @@ class _Run:
         self.tokens: dict[str, int] = {}
         self.stages: dict[str, dict] = {}
         self.prompt_tokens = 0
+        self.cached_tokens = 0
         self.images_encoded: dict[str, int] = {}
         self.transferred_tokens = 0
         self.excerpt = ""
@@ -224,7 +225,9 @@ class _Run:
         per_token = out.decode_ms / (out.decode_steps - 1) if out.decode_steps > 1 else None
         self.p.estimates.observe(stage, self.latency_ms[stage], out.completion_tokens, per_token)
         self.prompt_tokens += out.prompt_tokens
-        self.stages[stage] = {"prompt_tokens": out.prompt_tokens, "decode_steps": out.decode_steps,
+        self.cached_tokens += out.cached_tokens
+        self.stages[stage] = {"prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens,
+                              "decode_steps": out.decode_steps,
                               "decode_ms": round(out.decode_ms, 3), "ttft_ms": round(out.ttft_ms, 3),
                               "queue_ms": round(out.queue_ms, 3), "batch_size": out.batch_size}
         return out
@@ -347,7 +350,7 @@ class _Run:
             answer=final.text.strip(), policy=self.policy, path=path, decision=decision,
             latency_ms=self.latency_ms, tokens=self.tokens, transferred_tokens=self.transferred_tokens,
             prompt_tokens=self.prompt_tokens, completion_tokens=sum(self.tokens.values()),
-            images_encoded=self.images_encoded, finish_reason=final.finish_reason,
+            cached_tokens=self.cached_tokens, images_encoded=self.images_encoded, finish_reason=final.finish_reason,
             reasoning_excerpt=self.excerpt, request_id=self.req.request_id, degraded=self.degraded,
             stages=self.stages, params={self.spec.param.name: self.param} if self.spec.param else {},
             budget=self.budget and {**self.budget, "actual_ms": round(self.latency_ms["total"], 3)})

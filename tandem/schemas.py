@@ -123,6 +123,7 @@ class TandemResult:
     prompt_tokens: int
     completion_tokens: int
     images_encoded: dict[str, int]
+    cached_tokens: int = 0  # prompt tokens of every stage served from an engine's prefix cache
     finish_reason: str = "stop"
     degraded: bool = False
     reasoning_excerpt: str = ""

@@ -46,11 +46,12 @@ def image_embeds(features: list[ImageFeatures]) -> dict:
 
 
 class VllmStats:
-    """What a model server reports of its engine (the DecodeLoop's counters, where vLLM has them)."""
+    """What a model server reports of its engine (the DecodeLoop's counters, where vLLM has them):
+    `prefill_sizes` counts, per engine step that gave any request its first token, how many it gave."""
 
     def __init__(self, engine: "VllmEngine"):
         self._engine = engine
-        self.prefill_sizes: collections.deque[int] = collections.deque(maxlen=_KEEP_COUNTS)  # vLLM schedules them
+        self.prefill_sizes: collections.deque[int] = collections.deque(maxlen=_KEEP_COUNTS)
         self.decoded: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.cancelled = 0
 
@@ -121,12 +122,14 @@ class VllmEngine:
             model=self.path, dtype=self.config.dtype, trust_remote_code=self.config.trust_remote_code,
             max_model_len=options.max_model_len, gpu_memory_utilization=options.gpu_memory_utilization,
             tensor_parallel_size=options.tensor_parallel_size, max_num_seqs=options.max_num_seqs,
+            # Shards on Ray workers, in the replica's placement group (its bundles after the first).
+            distributed_executor_backend="ray" if options.tensor_parallel_size > 1 else None,
             block_size=options.block_size, enable_prefix_caching=options.enable_prefix_caching,
             enforce_eager=options.enforce_eager, enable_mm_embeds=True,
             # Images arrive as embeddings only: no video, and never a URL or a file path.
             limit_mm_per_prompt={"image": 16, "video": 0}, allowed_local_media_path="",
-            disable_log_stats=True)
-        return AsyncLLM.from_engine_args(args)
+            disable_log_stats=False)
+        return AsyncLLM.from_engine_args(args, stat_loggers=[_prefill_recorder(self.loop.prefill_sizes)])
 
     def _call(self, coro, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self._aio).result(timeout)
@@ -284,6 +287,25 @@ def _cut_to(text: str, texts: list[str], ids: list[int], logprobs: list[float], 
     if at_stop_string:
         return cut, ids[:len(cut)], logprobs[:len(cut)]
     return cut + [""] * (len(texts) - len(cut)), ids, logprobs
+
+
+def _prefill_recorder(sizes: collections.deque):
+    """A vLLM stat logger (its per-step IterationStats) that records how many requests each step
+    prefilled to their first token: the requests vLLM admitted together."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class PrefillSizes(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            if iteration_stats is not None and iteration_stats.time_to_first_tokens_iter:
+                sizes.append(len(iteration_stats.time_to_first_tokens_iter))
+
+        def log_engine_initialized(self):
+            pass
+
+    return PrefillSizes
 
 
 def _check_cpu_head_size(path: str, name: str) -> None:

@@ -13,7 +13,7 @@ from openai import OpenAI
 
 from tandem.policies import POLICY_NAMES
 from tests.conftest import make_png
-from tests.serve.conftest import API_KEY, app_configs, deploy, handle
+from tests.serve.conftest import API_KEY, ENGINE, app_configs, deploy, handle
 
 pytestmark = pytest.mark.serve
 
@@ -93,6 +93,18 @@ def test_mutual_transfer_encodes_each_image_once_per_model(serve_url):
     assert {r: after[r] - before[r] for r in after} == {"small": 2, "large": 2}
 
 
+@pytest.mark.skipif(ENGINE != "vllm", reason="prefix caching is vLLM's (the transformers engine reuses no prefix)")
+def test_a_mutual_transfer_reuses_the_direct_prompts_cached_head(serve_url):
+    image = make_png(21, 256, 256)  # 64 visual tokens at the tiny models' geometry
+    out = client(serve_url).chat.completions.create(
+        model="tandem:mutual", max_tokens=4,
+        messages=messages("Look at the grid carefully and say which option is right: A, B, C or D?", image))
+    t = trace(out)
+    assert t["path"] == "transfer"
+    assert t["stages"]["large_transfer"]["cached_tokens"] >= 64
+    assert out.usage.prompt_tokens_details.cached_tokens >= t["stages"]["large_transfer"]["cached_tokens"]
+
+
 def _concurrent(url: str, n: int, tag: str) -> list[dict]:
     def one(i):
         body = {"model": "tandem:large", "max_tokens": 3, "messages": messages(f"{tag} question {i}?")}
@@ -113,6 +125,7 @@ def test_concurrent_requests_reach_the_model_server_in_fewer_batches(serve_url):
     assert len(sizes) < n and max(sizes) > 1
 
 
+@pytest.mark.skipif(ENGINE == "vllm", reason="vLLM's batch limit (vllm.max_num_seqs) is fixed when its engine starts")
 def test_reconfigure_changes_batch_size_without_restarting_the_replica(serve_url):
     large = handle("LargeAnswerer")
     before = large.stats.remote().result()

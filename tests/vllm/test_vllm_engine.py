@@ -139,3 +139,11 @@ def test_the_transfer_prompt_reuses_the_direct_prompts_cached_head(pair):
           f"transfer cached {second.cached_tokens} of {second.prompt_tokens}")
     assert image_tokens == 64
     assert second.cached_tokens >= image_tokens
+
+
+def test_requests_submitted_together_are_prefilled_together(pair):
+    reference, engine = pair
+    seen = len(engine.loop.prefill_sizes)
+    engine.generate(requests_with_images(reference, 6, seed=6, max_tokens=3))
+    sizes = list(engine.loop.prefill_sizes)[seen:]
+    assert sum(sizes) == 6 and max(sizes) > 1, sizes
