@@ -29,8 +29,11 @@ def load(path: str):
     return docs[0]
 
 
-def gpu_deployments() -> dict:
-    app = load("serve_config.gpu.yaml")["applications"][0]
+GPU_CONFIGS = ["serve_config.gpu.yaml", "serve_config.vllm-gpu.yaml"]  # transformers and vLLM engines
+
+
+def gpu_deployments(path: str = "serve_config.gpu.yaml") -> dict:
+    app = load(path)["applications"][0]
     return {d["name"]: d for d in app["deployments"]}
 
 
@@ -69,8 +72,33 @@ def test_documented_32b_variant_validates():
     assert "Qwen/Qwen3-VL-32B-Instruct" in (ROOT / "cluster" / "README.md").read_text()
 
 
-def test_each_deployment_is_pinned_to_its_own_pool_with_gpus_where_it_needs_them():
-    deps = gpu_deployments()
+def test_vllm_gpu_config_is_the_gpu_config_with_the_model_servers_on_vllm():
+    plain, vllm = (load(p)["applications"][0] for p in GPU_CONFIGS)
+    config = load_tandem_config(vllm["args"])
+    assert config.engine == "vllm" and config.selector.kind != "attention"
+    assert (config.small.model, config.large.model) == (plain["args"]["small"]["model"], plain["args"]["large"]["model"])
+    assert {k: v for k, v in vllm["args"].items() if k not in ("small", "large", "engine")} == \
+        {k: v for k, v in plain["args"].items() if k not in ("small", "large", "engine")}
+    assert config.large.vllm.max_model_len >= config.limits.max_prompt_tokens + config.limits.max_request_tokens
+
+
+def test_documented_vllm_32b_variant_validates():
+    """cluster/README.md's 32B overlay on vLLM: tensor-parallel over a placement group of 2 GPUs."""
+    text = (ROOT / "cluster" / "README.md").read_text()
+    block = text[text.index("**32B answerer on vLLM**"):]
+    overlay = yaml.safe_load(block[block.index("```yaml") + 7:block.index("```", block.index("```yaml") + 7)])
+    app = load("serve_config.vllm-gpu.yaml")["applications"][0]
+    args = dict(app["args"], large=overlay["large"])
+    config = load_tandem_config(args)
+    assert config.large.vllm.tensor_parallel_size == 2
+    bundles = overlay["LargeAnswerer"]["placement_group_bundles"]
+    assert sum(b.get("GPU", 0) for b in bundles) == config.large.vllm.tensor_parallel_size
+    assert overlay["LargeAnswerer"]["ray_actor_options"].get("num_gpus", 0) == 0  # the shards hold the GPUs
+
+
+@pytest.mark.parametrize("path", GPU_CONFIGS)
+def test_each_deployment_is_pinned_to_its_own_pool_with_gpus_where_it_needs_them(path):
+    deps = gpu_deployments(path)
     for name, pool in POOLS.items():
         opts = deps[name]["ray_actor_options"]
         assert set(opts["resources"]) == {pool}, name
@@ -81,17 +109,18 @@ def test_each_deployment_is_pinned_to_its_own_pool_with_gpus_where_it_needs_them
     assert deps["LargeAnswerer"]["ray_actor_options"]["num_gpus"] >= 1
 
 
+@pytest.mark.parametrize("path", GPU_CONFIGS)
 @pytest.mark.parametrize("pools, resources_of, gpus_of", [
     (launcher_pools, lambda t: t["resources"], lambda t: t["resources"].get("GPU", 0)),
     (kuberay_pools, _kuberay_resources, lambda g: int(g["rayStartParams"].get("num-gpus", 0))),
 ])
-def test_cluster_files_provide_every_pool_the_serve_config_asks_for(pools, resources_of, gpus_of):
+def test_cluster_files_provide_every_pool_the_serve_config_asks_for(pools, resources_of, gpus_of, path):
     provided = {}
     for node in pools().values():
         for resource, amount in resources_of(node).items():
             if resource.startswith("tandem_"):
                 provided[resource] = (amount, gpus_of(node))
-    for name, dep in gpu_deployments().items():
+    for name, dep in gpu_deployments(path).items():
         opts = dep["ray_actor_options"]
         (resource, per_replica), = opts["resources"].items()
         assert resource in provided, f"{name} asks for {resource}; no node provides it"
