@@ -161,10 +161,13 @@ async def post_chat(http: httpx.AsyncClient, url: str, body: dict, t0: float = 0
 class LocalApps:
     """serve_config.yaml's app at `/`, started with `serve run` in its own session as a user
     would; with bare=True also a model-free twin (fake engine, same four deployments and hops) at
-    `/bare`, for the bare cost of the Serve composition. A context manager: stops what it started."""
+    `/bare`, for the bare cost of the Serve composition; with an `engine`, the checkpoints of
+    serve_config.vllm-cpu.yaml on that engine (vllm: that config as it is). A context manager: stops
+    what it started."""
 
-    def __init__(self, port: int = 8020, bare: bool = False, startup_timeout_s: float = 300, models: str = "trained"):
-        self.port, self.bare, self.timeout, self.models = port, bare, startup_timeout_s, models
+    def __init__(self, port: int = 8020, bare: bool = False, startup_timeout_s: float = 300, models: str = "trained",
+                 engine: str | None = None):
+        self.port, self.bare, self.timeout, self.models, self.engine = port, bare, startup_timeout_s, models, engine
         self.url = f"http://127.0.0.1:{port}"
 
     def __enter__(self) -> "LocalApps":
@@ -179,6 +182,14 @@ class LocalApps:
         if self.models == "tiny":  # the random-init pair: they never stop early, so every request decodes to its limit
             config["applications"][0]["args"]["small"] = {"model": "tiny:small", "reasoning_format": "think_tags"}
             config["applications"][0]["args"]["large"] = {"model": "tiny:large", "reasoning_format": "prompted"}
+        if self.engine:  # engines compared on the checkpoints both can run: serve_config.vllm-cpu.yaml's
+            vllm = yaml.safe_load((ROOT / "serve_config.vllm-cpu.yaml").read_text())
+            if self.engine == "vllm":
+                config["applications"] = vllm["applications"]
+            else:
+                args = config["applications"][0]["args"]
+                args.update(small=vllm["applications"][0]["args"]["small"], large=vllm["applications"][0]["args"]["large"],
+                            engine=self.engine)
         if self.bare:
             twin = copy.deepcopy(config["applications"][0])
             twin.update(name="bare", route_prefix="/bare")

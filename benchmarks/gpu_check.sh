@@ -2,7 +2,8 @@
 # The prepared GPU check: on one H200 with no network, in under 10 minutes, the latency profile of
 # random-init Qwen3-VL 8B and 2B at their real sizes (bf16), then a short strategies run on the same
 # pair (checkpoints built on the GPU into $TANDEM_CACHE; weights random, so accuracy means nothing,
-# latency and paths do), then a stage profile of that pair for the simulator. Writes everything under OUT_DIR.
+# latency and paths do), then a stage profile of that pair for the simulator; where vLLM is installed,
+# also both engines' batching on the 8B (5 more minutes at most). Writes everything under OUT_DIR.
 #   bash benchmarks/gpu_check.sh OUT_DIR
 set -euo pipefail
 out="${1:?usage: bash benchmarks/gpu_check.sh OUT_DIR}"
@@ -30,3 +31,13 @@ timeout 240 python -m benchmarks.strategies --config "$out/strategies.yaml" --n 
 # for `python -m benchmarks.plan --profile "$out/stage_profile.json" ...` (cluster/README.md).
 timeout 150 python -m benchmarks.stage_profile --config "$out/strategies.yaml" --quick --threads 0 \
   --out "$out/stage_profile.json" 2>&1 | tee "$out/stage_profile.log"
+
+# Both engines on the real-size 8B, LargeAnswerer alone, 1 vs 16 concurrent calls (README, "vLLM
+# engine"). Needs vLLM installed beside Tandem; the lent H200s have none, and its wheel is too large
+# to carry there, so this part is skipped where `import vllm` fails.
+if python -c "import vllm" 2>/dev/null; then
+  timeout 300 python -m benchmarks.engine_batching --gpu --model random:qwen3-vl-8b --repeats 2 2>&1 \
+    | tee "$out/engine_batching.log"
+else
+  echo "vLLM not installed: engine_batching skipped" | tee "$out/engine_batching.log"
+fi

@@ -3,6 +3,7 @@
     python -m benchmarks.load --quick                       # starts serve_config.yaml (+ a bare twin)
     python -m benchmarks.load --url http://host:8000 --concurrency 1,4,16,64 --rates 2,8,32
     python -m benchmarks.load --models tiny --no-bare --stream --policy large --max-tokens 64 --concurrency 1 --rates ""
+    python -m benchmarks.load --engines transformers,vllm --stream --concurrency 1,4,16,32 --rates ""   # in .venv-vllm
 
 Closed loop: C clients each send their next request when the last returns. Open loop: arrivals at
 a Poisson rate, each request on its own, whether or not earlier ones finished (what shows queueing
@@ -11,7 +12,9 @@ output tok/s), p50/p95/p99, errors and 503 rejections, and the mean per-stage la
 `tandem` trace; with --stream, time to the first delta (TTFT), to the first answer delta, and the
 gaps between deltas (inter-token latency), p50/p95. The same run measures the bare cost of the Serve composition: the same four
 deployments and hops with a model-free engine (`/bare`), so Tandem's own cost can be stated as a
-ratio to it. Table, PNG, JSON, and one JSON line at the end.
+ratio to it. With --engines, the app is started once per engine on the same checkpoints (those of
+serve_config.vllm-cpu.yaml, which both engines run; each engine's deployments as its config ships
+them) and the figures are reported per engine. Table, PNG, JSON, and one JSON line at the end.
 """
 
 from __future__ import annotations
@@ -178,6 +181,23 @@ def summary(args, result: dict) -> dict:
     return out
 
 
+def compare_engines(args) -> int:
+    """The same sweep against the app on each engine in turn; one JSON line with a summary each."""
+    results = {}
+    for engine in args.engines.split(","):
+        print(f"--- engine {engine}")
+        with LocalApps(bare=False, engine=engine) as apps:
+            results[engine] = run(args, apps.url, None)
+    out = Path(args.out) / f"load-engines-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "load.json").write_text(json.dumps(results, indent=1))
+    for engine, result in results.items():
+        plot(result["points"], out / f"load-{engine}.png")
+    print(f"results: {out}")
+    print(json.dumps({"benchmark": "load", "engines": {e: summary(args, r) for e, r in results.items()}}))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="a running endpoint (default: start serve_config.yaml and a bare twin)")
@@ -195,6 +215,8 @@ def main(argv=None) -> int:
     ap.add_argument("--models", choices=["trained", "tiny"], default="trained",
                     help="when starting the app: the trained pair, or the random-init tiny pair (never stops early)")
     ap.add_argument("--no-bare", action="store_true", help="when starting the app: skip the model-free twin")
+    ap.add_argument("--engines", help="compare engines, e.g. transformers,vllm (starts the app once per engine, "
+                                      "no bare twin; needs .venv-vllm for vllm)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args(argv)
@@ -205,6 +227,8 @@ def main(argv=None) -> int:
     print(f"load: policy {args.policy}; closed {args.concurrency}; open {args.rates} req/s for {args.open_s} s; "
           f"{args.requests} requests a point; client on {platform.machine()}, {os.cpu_count()} cores (shared with "
           "the server when it starts the app itself)")
+    if args.engines:
+        return compare_engines(args)
     if args.url:
         result = run(args, args.url, args.bare_url)
     else:
