@@ -45,3 +45,19 @@ def test_split_reasoning():
     assert prompts.split_reasoning("a b </think> C", "think_tags") == ("a b", "C")
     assert prompts.split_reasoning("a b", "think_tags") == ("a b", None)
     assert prompts.split_reasoning("so Answer: 4", "prompted") == ("so", "4")
+
+
+def test_transfer_prompt_begins_with_the_direct_prompts_head_so_a_prefix_cache_reuses_it():
+    """vLLM's prefix caching serves the transfer stage the KV of the direct stage's system, images and
+    question: that needs the transfer prompt to begin with all of them, unchanged."""
+    from os.path import commonprefix
+
+    from tandem.prompts import IMAGE_PLACEHOLDER, direct_prompt, transfer_prompt
+
+    question = "Which colour is the cell in row 2, column 3? A. red B. blue C. green D. white"
+    for fmt in ("think_tags", "prompted"):
+        direct = direct_prompt(question, 2, fmt)
+        transfer = transfer_prompt(question, 2, "row 2 is red blue green", fmt)
+        shared = len(commonprefix([direct, transfer]))
+        head = direct[:direct.index(question) + len(question)]
+        assert shared >= len(head) and head.count(IMAGE_PLACEHOLDER) == 2
