@@ -1,21 +1,24 @@
 """The transformers engine: one checkpoint loaded with `from_pretrained`, serving its vision tower,
 its decoder, or both.
 
-Generation takes precomputed image features (`mm_encoder_outputs`) instead of pixels, so the vision
-tower never runs twice for one image. It runs step by step under a `DecodeLoop` (engines/decoding.py):
-this module prefills left-padded prompts, joins batches, drops rows and decodes one step over a
-DynamicCache; the loop decides who joins, who leaves and what streams.
+Generation takes precomputed image features instead of pixels, so the vision tower never runs twice
+for one image: they go to the Qwen3-VL decoder through its own arguments (`inputs_embeds` with the
+features in the placeholders' places, `visual_pos_masks`, `deepstack_visual_embeds`) — what the model's
+forward does with pixels — so any transformers 5 takes them (vLLM's builds pin one below 5.21; Tandem's
+own venv has 5.24). It runs step by step under a `DecodeLoop` (engines/decoding.py): this module
+prefills left-padded prompts, joins batches, drops rows and decodes one step over a DynamicCache;
+the loop decides who joins, who leaves and what streams.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AutoModelForImageTextToText
-from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+from transformers import AutoModelForImageTextToText, DynamicCache
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
@@ -127,6 +130,9 @@ class TransformersEngine:
         self.model = model.eval()  # already on its device: from_pretrained placed it
         self.device = self.model.device
         self.image_token_id = self.processor.image_token_id
+        if language:  # the decoder's KV-cache argument: `cache` in transformers 5.2x, `past_key_values` before
+            params = inspect.signature(model.model.language_model.forward).parameters
+            self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.merge_size = self.processor.image_processor.merge_size
         self.stop_token_ids = self._stop_token_ids()
         self.reasoning_sampling = model_sampling(self.model.generation_config)
@@ -197,23 +203,39 @@ class TransformersEngine:
     def _expand_placeholders(self, request: GenerationRequest) -> str:
         return expand_placeholders(request, self.name)
 
-    def _features(self, batch: list[GenerationRequest]) -> dict:
-        feats = [f for r in batch for f in r.images]
-        if not feats:
-            return {}
-        dtype = self.model.dtype
-        return {"image_grid_thw": torch.tensor([f.grid_thw for f in feats], dtype=torch.long, device=self.device),
-                "mm_encoder_outputs": {"image": BaseModelOutputWithDeepstackFeatures(
-                    pooler_output=tuple(f.embeds.to(self.device, dtype) for f in feats),
-                    deepstack_features=[tuple(f.deepstack[k].to(self.device, dtype) for f in feats)
-                                        for k in range(len(feats[0].deepstack))])}}
+    def _decode(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache,
+                feats: list[ImageFeatures] = (), **kwargs):
+        """The decoder over `ids`: each image placeholder's embedding replaced by its image's features,
+        the DeepStack levels added at those positions by the decoder's first layers."""
+        lm = self.model.model.language_model
+        embeds = lm.get_input_embeddings()(ids)
+        extra = {}
+        if feats:
+            image = ids == self.image_token_id
+            flat = torch.cat([f.embeds.to(self.device, embeds.dtype) for f in feats])
+            if int(image.sum()) != flat.shape[0]:
+                raise ValueError(f"{int(image.sum())} image placeholder tokens for {flat.shape[0]} feature rows")
+            embeds = embeds.masked_scatter(image[..., None].expand_as(embeds), flat)
+            extra = {"visual_pos_masks": image,
+                     "deepstack_visual_embeds": [torch.cat([f.deepstack[k].to(self.device, embeds.dtype) for f in feats])
+                                                 for k in range(len(feats[0].deepstack))]}
+        if cache is not None:
+            extra[self._cache_arg] = cache
+        return lm(input_ids=None, inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                  use_cache=cache is not None, **extra, **kwargs)
 
-    def _model_inputs(self, batch: list[GenerationRequest]) -> dict:
-        texts = [self._expand_placeholders(r) for r in batch]
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
-        inputs = {"input_ids": enc["input_ids"].to(self.device), "attention_mask": enc["attention_mask"].to(self.device)}
-        inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.image_token_id).long()
-        return {**inputs, **self._features(batch)}
+    def _positions(self, ids: torch.Tensor, mask: torch.Tensor, feats: list[ImageFeatures]) -> torch.Tensor:
+        """3D rotary positions of left-padded rows (text only: the same index on all three axes)."""
+        if not feats:
+            return (mask.cumsum(-1) - 1).clamp(min=0)[None].expand(3, -1, -1)
+        grid = torch.tensor([f.grid_thw for f in feats], dtype=torch.long, device=self.device)
+        types = (ids == self.image_token_id).long()
+        positions, _ = self.model.model.get_rope_index(ids, mm_token_type_ids=types, attention_mask=mask,
+                                                       image_grid_thw=grid)
+        return positions
+
+    def _logits(self, out) -> torch.Tensor:
+        return self.model.lm_head(out.last_hidden_state[:, -1]).float()
 
     @torch.inference_mode()
     def prefill(self, requests: list[GenerationRequest], prepared: list[Prepared]) -> _Batch:
@@ -224,17 +246,11 @@ class TransformersEngine:
         pad = self.tokenizer.pad_token_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prepared], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prepared], device=self.device)
-        types = (ids == self.image_token_id).long()
-        extra = self._features(requests)
-        if extra:
-            positions, _ = self.model.model.get_rope_index(ids, mm_token_type_ids=types, attention_mask=mask,
-                                                           image_grid_thw=extra["image_grid_thw"])
-        else:
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)[None].expand(3, -1, -1)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, mm_token_type_ids=types,
-                         use_cache=True, logits_to_keep=1, **extra)
-        return _Batch(cache=out.cache, mask=mask, next_pos=positions[:, :, -1].max(0).values + 1,
-                      logits=out.logits[:, -1].float())
+        feats = [f for r in requests for f in r.images]
+        positions = self._positions(ids, mask, feats)
+        cache = DynamicCache(config=self.model.config.get_text_config())
+        out = self._decode(ids, mask, positions, cache, feats)
+        return _Batch(cache=cache, mask=mask, next_pos=positions[:, :, -1].max(0).values + 1, logits=self._logits(out))
 
     def join(self, a: _Batch, b: _Batch) -> _Batch:
         """One batch of both: the shorter one left-padded (keys, values and mask) to the longer."""
@@ -272,9 +288,8 @@ class TransformersEngine:
         ids = torch.tensor(token_ids, device=self.device)[:, None]
         state.mask = torch.cat([state.mask, state.mask.new_ones(len(token_ids), 1)], 1)
         positions = state.next_pos.view(1, -1, 1).expand(3, -1, -1)
-        out = self.model(input_ids=ids, attention_mask=state.mask, position_ids=positions, cache=state.cache,
-                         use_cache=True, logits_to_keep=1)
-        state.logits, state.next_pos = out.logits[:, -1].float(), state.next_pos + 1
+        out = self._decode(ids, state.mask, positions, state.cache)
+        state.logits, state.next_pos = self._logits(out), state.next_pos + 1
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -297,10 +312,13 @@ class TransformersEngine:
         text = self._expand_placeholders(full)
         offsets = self.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
         n_prompt = len(self.tokenizer(prompt_text)["input_ids"])
+        enc = self.tokenizer([text], return_tensors="pt")
+        ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
         previous = self.model.config._attn_implementation
         self.model.set_attn_implementation("eager")  # sdpa does not return attention weights
         try:
-            out = self.model(**self._model_inputs([full]), output_attentions=True, logits_to_keep=1)
+            out = self._decode(ids, mask, self._positions(ids, mask, full.images), None, full.images,
+                               output_attentions=True)
         finally:
             self.model.set_attn_implementation(previous)
         attn = torch.stack([a[0] for a in out.attentions]).float()  # layers, heads, query, key
