@@ -21,7 +21,7 @@ def make_engine(config, role: str, *, vision: bool = True, language: bool = True
         if vision:
             raise ValueError("engine 'vllm' runs decoders only: the VisionEncoder encodes with transformers")
         from tandem.engines.vllm_engine import VllmEngine
-        return VllmEngine(config.model(role), name=role, max_prompt_tokens=limit)
+        return VllmEngine(config.model(role), name=role, max_prompt_tokens=limit, max_images=config.http.max_images)
     from tandem.engines.transformers_engine import TransformersEngine
     return TransformersEngine(config.model(role), name=role, vision=vision, language=language,
                               max_prompt_tokens=limit)

@@ -87,10 +87,11 @@ class _Run:
 
 
 class VllmEngine:
-    def __init__(self, config: ModelConfig, *, name: str, max_prompt_tokens: int = 4096):
+    def __init__(self, config: ModelConfig, *, name: str, max_prompt_tokens: int = 4096, max_images: int = 4):
         from vllm.platforms import current_platform
 
         self.config, self.name, self.max_prompt_tokens = config, name, max_prompt_tokens
+        self.max_images = max_images
         self.path = resolve_model_ref(config.model)
         self.tokenizer = load_processor(self.path, trust_remote_code=config.trust_remote_code).tokenizer
         options = config.vllm
@@ -125,9 +126,11 @@ class VllmEngine:
             # Shards on Ray workers, in the replica's placement group (its bundles after the first).
             distributed_executor_backend="ray" if options.tensor_parallel_size > 1 else None,
             block_size=options.block_size, enable_prefix_caching=options.enable_prefix_caching,
+            # Embeddings in: vLLM trusts their shapes, and they only ever come from Tandem's own
+            # VisionEncoder (a client sends images, which the Router validates), never from a client.
             enforce_eager=options.enforce_eager, enable_mm_embeds=True,
             # Images arrive as embeddings only: no video, and never a URL or a file path.
-            limit_mm_per_prompt={"image": 16, "video": 0}, allowed_local_media_path="",
+            limit_mm_per_prompt={"image": max(1, self.max_images), "video": 0}, allowed_local_media_path="",
             disable_log_stats=False)
         return AsyncLLM.from_engine_args(args, stat_loggers=[_prefill_recorder(self.loop.prefill_sizes)])
 
