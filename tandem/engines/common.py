@@ -1,13 +1,15 @@
 """What every generation engine reads and checks the same way: a request's placeholders against its
-features, the checkpoint's own sampling advice, and a token list cut into per-token text pieces."""
+features, the checkpoint's own sampling advice, a token list cut into per-token text pieces, and a
+stream's events as its decoding thread hands them over."""
 
 from __future__ import annotations
 
-from typing import Callable
+import asyncio
+from typing import AsyncIterator, Callable
 
 from tandem.errors import BadRequest
 from tandem.prompts import IMAGE_PAD
-from tandem.schemas import GenerationRequest
+from tandem.schemas import GenerationOutput, GenerationRequest, TokenDelta
 
 # Committed tokens decoded again beside the new ones: a tokenizer may space a token by the one before
 # it, and the window keeps each decode a few tokens long, not the whole sequence.
@@ -52,3 +54,15 @@ def token_pieces(detokenize: Callable[[list[int]], str], ids: list[int]) -> list
         pieces.append(piece)
         committed = n
     return pieces
+
+
+async def queued_events(queue: asyncio.Queue) -> AsyncIterator[TokenDelta | GenerationOutput]:
+    """A stream's events as the thread decoding it puts them in `queue`: deltas, then the output; an
+    exception put there instead is raised."""
+    while True:
+        event = await queue.get()
+        if isinstance(event, BaseException):
+            raise event
+        yield event
+        if isinstance(event, GenerationOutput):
+            return

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol
 
-from tandem.engines.common import DETOKENIZE_CONTEXT
+from tandem.engines.common import DETOKENIZE_CONTEXT, queued_events
 from tandem.schemas import GenerationOutput, GenerationRequest, SamplingParams, TokenDelta
 
 logger = logging.getLogger(__name__)
@@ -178,13 +178,8 @@ class DecodeLoop:
         queue: asyncio.Queue = asyncio.Queue()
         row = self.submit(request, lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
         try:
-            while True:
-                event = await queue.get()
-                if isinstance(event, BaseException):
-                    raise event
+            async for event in queued_events(queue):
                 yield event
-                if isinstance(event, GenerationOutput):
-                    return
         finally:
             self.cancel(row)
 

@@ -28,7 +28,7 @@ import torch
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
-from tandem.engines.common import expand_placeholders, model_sampling, token_pieces
+from tandem.engines.common import expand_placeholders, model_sampling, queued_events, token_pieces
 from tandem.errors import BadRequest, ConfigError
 from tandem.processors import load_processor
 from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, SamplingParams, TokenDelta
@@ -182,13 +182,8 @@ class VllmEngine:
         future = asyncio.run_coroutine_threadsafe(self._pump(*prepared, sink=sink), self._aio)
         future.add_done_callback(lambda f: f.cancelled() or f.exception() is None or sink(f.exception()))
         try:
-            while True:
-                event = await queue.get()
-                if isinstance(event, BaseException):
-                    raise event
+            async for event in queued_events(queue):
                 yield event
-                if isinstance(event, GenerationOutput):
-                    return
         finally:
             if not future.done():
                 future.cancel()  # the pump's task is cancelled there, and vLLM aborts the request
