@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("build-tiny", help="write a tiny random-init Qwen3-VL checkpoint")
     p.add_argument("dir")
-    p.add_argument("--size", choices=["small", "large"], default="small")
+    p.add_argument("--size", choices=["small", "small-h32", "large"], default="small")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_build_tiny)
 

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol
 
-from tandem.engines.common import DETOKENIZE_CONTEXT, queued_events
+from tandem.engines.generation import DETOKENIZE_CONTEXT, queued_events
 from tandem.schemas import GenerationOutput, GenerationRequest, SamplingParams, TokenDelta
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from transformers import AutoModelForImageTextToText, DynamicCache
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
-from tandem.engines.common import expand_placeholders, model_sampling
+from tandem.engines.generation import expand_placeholders, model_sampling
 from tandem.engines.decoding import DecodeLoop, Prepared
 from tandem.errors import BadRequest
 from tandem.images import decode_image

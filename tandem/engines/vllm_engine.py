@@ -28,7 +28,7 @@ import torch
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
-from tandem.engines.common import expand_placeholders, model_sampling, queued_events, token_pieces
+from tandem.engines.generation import expand_placeholders, model_sampling, queued_events, token_pieces
 from tandem.errors import BadRequest, ConfigError
 from tandem.processors import load_processor
 from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, SamplingParams, TokenDelta

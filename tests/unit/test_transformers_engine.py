@@ -293,7 +293,7 @@ def test_each_deployment_loads_only_its_part_with_the_checkpoints_weights():
 
 
 def test_reasoning_takes_the_checkpoints_sampling_and_sampling_honours_top_k_and_top_p():
-    from tandem.engines.common import model_sampling
+    from tandem.engines.generation import model_sampling
     from tandem.engines.transformers_engine import _sample
 
     engine = TransformersEngine(ModelConfig(model="trained:small"), name="small", vision=False)

@@ -147,3 +147,26 @@ def test_requests_submitted_together_are_prefilled_together(pair):
     engine.generate(requests_with_images(reference, 6, seed=6, max_tokens=3))
     sizes = list(engine.loop.prefill_sizes)[seen:]
     assert sum(sizes) == 6 and max(sizes) > 1, sizes
+
+
+def test_in_process_tandem_on_vllm_answers_with_the_towers_on_transformers(png):
+    """`tandem ask --config serve_config.vllm-cpu.yaml`'s path: each role's tower on transformers,
+    its decoder on vLLM; a mutual request of the random pair transfers."""
+    from pathlib import Path
+
+    import yaml
+
+    from tandem.config import load_tandem_config
+    from tandem.local import LocalTandem
+    from tandem.schemas import AskRequest
+
+    root = Path(__file__).resolve().parents[2]
+    args = yaml.safe_load((root / "serve_config.vllm-cpu.yaml").read_text())["applications"][0]["args"]
+    tandem = LocalTandem(load_tandem_config(args))
+    try:
+        result = tandem.ask(AskRequest("What is shown?", [png(3)], policy="mutual"))
+        assert result.path == "transfer" and result.images_encoded == {"small": 1, "large": 1}
+        assert result.tokens["large_transfer"] > 0 and result.stages["large_transfer"]["cached_tokens"] >= 0
+    finally:
+        for engine in tandem.engines.values():
+            engine.decoder.shutdown()
