@@ -181,11 +181,13 @@ class VllmEngine:
 
         future = asyncio.run_coroutine_threadsafe(self._pump(*prepared, sink=sink), self._aio)
         future.add_done_callback(lambda f: f.cancelled() or f.exception() is None or sink(f.exception()))
+        finished = False
         try:
             async for event in queued_events(queue):
+                finished = isinstance(event, GenerationOutput)
                 yield event
         finally:
-            if not future.done():
+            if not finished and not future.done():
                 future.cancel()  # the pump's task is cancelled there, and vLLM aborts the request
                 self.loop.cancelled += 1
 
