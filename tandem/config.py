@@ -43,8 +43,7 @@ class VllmOptions(_Strict):
                                                           "the direct one).")
     enforce_eager: bool = Field(False, description="No CUDA graphs or torch.compile (the CPU config sets it: "
                                                    "compiling costs minutes there).")
-    cpu_kv_cache_gib: int = Field(1, gt=0, description="CPU only: KV cache size in GiB "
-                                                           "(VLLM_CPU_KVCACHE_SPACE).")
+    cpu_kv_cache_gib: int = Field(1, gt=0, description="CPU only: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE).")
 
 
 class ModelConfig(_Strict):

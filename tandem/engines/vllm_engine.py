@@ -95,10 +95,11 @@ class VllmEngine:
         self.path = resolve_model_ref(config.model)
         self.tokenizer = load_processor(self.path, trust_remote_code=config.trust_remote_code).tokenizer
         options = config.vllm
-        self.on_cpu = current_platform.is_cpu()
-        if self.on_cpu:
+        if current_platform.is_cpu():
             _check_cpu_head_size(self.path, name)
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(options.cpu_kv_cache_gib))
+            # Read by the worker process vLLM starts below: set per engine, so two engines in one
+            # process (tandem ask) each get their own role's size.
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.cpu_kv_cache_gib)
         from transformers import GenerationConfig
 
         gen = GenerationConfig.from_pretrained(self.path)
