@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol
 
-from tandem.engines.generation import DETOKENIZE_CONTEXT, queued_events
+from tandem.engines.generation import next_piece, queued_events
 from tandem.schemas import GenerationOutput, GenerationRequest, SamplingParams, TokenDelta
 
 logger = logging.getLogger(__name__)
@@ -283,17 +283,11 @@ class DecodeLoop:
 
     # --- row bookkeeping ------------------------------------------------------------------------
     def _new_text(self, row: Row) -> str:
-        """The text this token completes. The uncommitted tokens are decoded together, after a few
-        committed ones (byte-level BPE splits a character such as "é" or "°" across tokens: decoding
-        token by token gives U+FFFD for each piece); a trailing U+FFFD is an unfinished character,
-        held until its last byte arrives (or the row ends)."""
-        start = max(0, row.committed - DETOKENIZE_CONTEXT)
-        before = self.engine.detokenize(row.ids[start:row.committed])
-        window = self.engine.detokenize(row.ids[start:])
+        """The text this token completes (`next_piece`), "" while it completes none."""
         last = len(row.ids) >= row.request.sampling.max_tokens
-        if (window.endswith("\ufffd") and not last) or not window.startswith(before):
+        piece = next_piece(self.engine.detokenize, row.ids, row.committed, last)
+        if piece is None:
             return ""
-        piece = window[len(before):]
         row.text, row.committed = row.text + piece, len(row.ids)
         return piece
 

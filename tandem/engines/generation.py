@@ -39,21 +39,36 @@ def model_sampling(generation_config) -> dict:
             "top_k": int(getattr(gen, "top_k", None) or 0)}
 
 
+def next_piece(detokenize: Callable[[list[int]], str], ids: list[int], committed: int, last: bool) -> str | None:
+    """The text the tokens after `committed` complete, or None while they don't complete one. They are
+    decoded together, after a few committed ones (byte-level BPE splits a character such as "é" or "°"
+    across tokens: decoding token by token gives U+FFFD for each piece); a trailing U+FFFD is an
+    unfinished character, held until its last byte arrives (or the sequence ends: `last`)."""
+    start = max(0, committed - DETOKENIZE_CONTEXT)
+    before = detokenize(ids[start:committed])
+    window = detokenize(ids[start:])
+    if (window.endswith("\ufffd") and not last) or not window.startswith(before):
+        return None
+    return window[len(before):]
+
+
 def token_pieces(detokenize: Callable[[list[int]], str], ids: list[int]) -> list[str]:
     """Each token's share of the decoded text, the pieces joining to the whole. A character that
     byte-level BPE splits over tokens belongs to the token that completes it (the ones before get "")."""
     pieces, committed = [], 0
     for n in range(1, len(ids) + 1):
-        start = max(0, committed - DETOKENIZE_CONTEXT)
-        before = detokenize(ids[start:committed])
-        window = detokenize(ids[start:n])
-        if (window.endswith("\ufffd") and n < len(ids)) or not window.startswith(before):
-            pieces.append("")
-            continue
-        piece = window[len(before):]
-        pieces.append(piece)
-        committed = n
+        piece = next_piece(detokenize, ids[:n], committed, last=n == len(ids))
+        pieces.append(piece or "")
+        committed = n if piece is not None else committed
     return pieces
+
+
+def stop_token_ids(generation_config, tokenizer) -> set[int]:
+    """The checkpoint's end-of-sequence ids, and the pad token's."""
+    eos = generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos])
+    ids.add(tokenizer.pad_token_id)
+    return {i for i in ids if i is not None}
 
 
 async def queued_events(queue: asyncio.Queue) -> AsyncIterator[TokenDelta | GenerationOutput]:

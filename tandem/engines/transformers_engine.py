@@ -22,7 +22,7 @@ from transformers import AutoModelForImageTextToText, DynamicCache
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
-from tandem.engines.generation import expand_placeholders, model_sampling
+from tandem.engines.generation import expand_placeholders, model_sampling, stop_token_ids
 from tandem.engines.decoding import DecodeLoop, Prepared
 from tandem.errors import BadRequest
 from tandem.images import decode_image
@@ -134,15 +134,9 @@ class TransformersEngine:
             params = inspect.signature(model.model.language_model.forward).parameters
             self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self.merge_size = self.processor.image_processor.merge_size
-        self.stop_token_ids = self._stop_token_ids()
+        self.stop_token_ids = stop_token_ids(self.model.generation_config, self.tokenizer)
         self.reasoning_sampling = model_sampling(self.model.generation_config)
         self.loop = DecodeLoop(self, name=f"decode-{name}")
-
-    def _stop_token_ids(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id
-        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        ids.add(self.tokenizer.pad_token_id)
-        return {i for i in ids if i is not None}
 
     def warm_up(self) -> None:
         """Run each loaded part once, so the first client request does not pay lazy initialisation."""

@@ -28,7 +28,8 @@ import torch
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
-from tandem.engines.generation import expand_placeholders, model_sampling, queued_events, token_pieces
+from tandem.engines.generation import (expand_placeholders, model_sampling, queued_events, stop_token_ids,
+                                      token_pieces)
 from tandem.errors import BadRequest, ConfigError
 from tandem.processors import load_processor
 from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, SamplingParams, TokenDelta
@@ -103,10 +104,7 @@ class VllmEngine:
         from transformers import GenerationConfig
 
         gen = GenerationConfig.from_pretrained(self.path)
-        eos = gen.eos_token_id
-        self.stop_token_ids = {i for i in (eos if isinstance(eos, list) else [eos]) if i is not None}
-        if self.tokenizer.pad_token_id is not None:
-            self.stop_token_ids.add(self.tokenizer.pad_token_id)
+        self.stop_token_ids = stop_token_ids(gen, self.tokenizer)
         self.reasoning_sampling = model_sampling(gen)
         self.loop = VllmStats(self)
         self._in_flight = 0
