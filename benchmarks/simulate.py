@@ -7,7 +7,8 @@
 What is modelled, as the app does it (DESIGN §13):
 - **Router pool**: each request holds a Router slot (`max_ongoing_requests`) for its whole pipeline;
   the Router's own CPU work per request (`router.ms` of the profile: parsing, the trace, the response)
-  runs one request at a time on a replica's event loop.
+  runs one request at a time on a replica's event loop. With the app's `http.max_in_flight`, a replica
+  already answering that many rejects a request at once (a 503 before any work, `tandem/admission.py`).
 - **Serve's handle routing** into every pool: a replica is picked by power of two choices among those
   under `max_ongoing_requests`; with none free the call waits in the caller's queue, and past
   `max_queued_requests` (per calling replica, as Serve counts it) the request is rejected with a 503.
@@ -222,12 +223,15 @@ class PoolSettings:
     max_batch_size: int = 8
     batch_wait_s: float = 0.01
     gpus_per_replica: float = 0.0
+    admit: int | None = None      # Router: the app's http.max_in_flight, requests a replica answers at once
 
 
 def settings_from_config(path: str | Path) -> dict[str, PoolSettings]:
     """Each deployment's limits and batching as a serve config file sets them."""
     cfg = yaml.safe_load(Path(path).read_text())
-    deployments = {d["name"]: d for d in cfg["applications"][0].get("deployments", [])}
+    app = cfg["applications"][0]
+    deployments = {d["name"]: d for d in app.get("deployments", [])}
+    admit = ((app.get("args") or {}).get("http") or {}).get("max_in_flight")
     out = {}
     for name in POOLS:
         d = deployments.get(name, {})
@@ -237,7 +241,8 @@ def settings_from_config(path: str | Path) -> dict[str, PoolSettings]:
                                  max_batch_size=int(user.get("max_batch_size", 8)),
                                  batch_wait_s=float(user.get("batch_wait_timeout_s", 0.01 if name != "VisionEncoder"
                                                                                      else 0.005)),
-                                 gpus_per_replica=float((d.get("ray_actor_options") or {}).get("num_gpus", 0)))
+                                 gpus_per_replica=float((d.get("ray_actor_options") or {}).get("num_gpus", 0)),
+                                 admit=int(admit) if name == "Router" and admit else None)
     return out
 
 
@@ -292,6 +297,9 @@ class _Pool:
 
     def submit(self, job) -> bool:
         replica = self.pick()
+        if replica is not None and self.settings.admit is not None and replica.ongoing >= self.settings.admit:
+            self.rejected += 1  # the Router's admission limit: turned away before any work
+            return False
         if replica is None:
             if 0 <= self.queue_limit <= len(self.waiting):
                 self.rejected += 1

@@ -6,11 +6,13 @@ Errors become OpenAI-shaped JSON here, once; metrics and the per-request log lin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import time
 import uuid
+import weakref
 
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
@@ -19,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from tandem import openai_api
+from tandem.admission import Admission
 from tandem.chat_schema import short
 from tandem.auth import check_authorization, load_api_keys
 from tandem.config import TandemConfig
@@ -57,6 +60,7 @@ class Router:
         self.config = config
         self.api_keys = load_api_keys(config.http)
         self.model_handles = {"VisionEncoder": vision, "SmallReasoner": small, "LargeAnswerer": large}
+        self.admission = Admission(config.http.max_in_flight)
         self.pipeline = Pipeline(config, Stages(
             encode=lambda images, role: vision.encode.remote(images, role),
             small=_generate_stage(small), large=_generate_stage(large)))
@@ -106,17 +110,30 @@ class Router:
                             status_code=200 if ready else 503)
 
     def stats(self) -> dict:
-        return {"pid": os.getpid()}
+        return {"pid": os.getpid(), "in_flight": self.admission.in_flight,
+                "peak_in_flight": self.admission.peak, "rejected": self.admission.rejected}
 
     async def _chat(self, request: Request) -> Response:
         body = await self._read_body(request)
-        # Parsing decodes images (and may fetch allow-listed ones): off the event loop.
-        chat = await asyncio.to_thread(openai_api.parse_chat_request, body, self.config,
-                                       f"chatcmpl-{uuid.uuid4().hex[:24]}")
-        if chat.stream:
-            return StreamingResponse(self._stream(chat), media_type="text/event-stream")
-        result = await self._answer(chat)
-        return JSONResponse(openai_api.chat_completion(result, chat))
+        # Admitted after the body arrives (a client sending slowly holds no slot), before any work.
+        slot = self.admission.enter()
+        streaming = False
+        try:
+            # Parsing decodes images (and may fetch allow-listed ones): off the event loop.
+            chat = await asyncio.to_thread(openai_api.parse_chat_request, body, self.config,
+                                           f"chatcmpl-{uuid.uuid4().hex[:24]}")
+            if chat.stream:
+                events = self._stream(chat, slot)
+                # The stream releases its slot when it ends; a stream never started (the client left
+                # before its first byte) releases it when the generator is collected.
+                weakref.finalize(events, slot.release)
+                streaming = True
+                return StreamingResponse(events, media_type="text/event-stream")
+            result = await self._answer(chat)
+            return JSONResponse(openai_api.chat_completion(result, chat))
+        finally:
+            if not streaming:
+                slot.release()
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.config.http.max_body_bytes
@@ -140,10 +157,18 @@ class Router:
         self._record(result)
         return result
 
-    async def _stream(self, chat):
+    async def _stream(self, chat, slot):
         """SSE chunks as the pipeline decodes: reasoning deltas (when asked) and answer deltas the
         moment they arrive, then usage and the trace. A client that disconnects closes this
         generator, which cancels the pipeline and with it the rows decoding downstream."""
+        try:
+            async with contextlib.aclosing(self._stream_chunks(chat)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            slot.release()
+
+    async def _stream_chunks(self, chat):
         created = int(time.time())
         yield openai_api.stream_start(chat, created)
         queue: asyncio.Queue = asyncio.Queue()

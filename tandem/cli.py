@@ -73,6 +73,7 @@ def _cmd_validate_config(args) -> int:
     problems = []
     for app in apps:
         name = app.get("name", "<unnamed>")
+        config = None
         try:
             config = load_tandem_config(app.get("args"))
             problems += [f"application '{name}': {p}" for p in limit_problems(config)]
@@ -82,6 +83,13 @@ def _cmd_validate_config(args) -> int:
             if dep.get("name") not in DEPLOYMENT_NAMES:
                 problems.append(f"application '{name}': unknown deployment '{dep.get('name')}'; "
                                 f"known: {', '.join(DEPLOYMENT_NAMES)}")
+            limit = config.http.max_in_flight if config else None
+            if dep.get("name") == "Router" and limit and dep.get("max_ongoing_requests", 5) <= limit:
+                # Serve queues (or refuses in plain text) what is past max_ongoing_requests: the
+                # Router would never see enough requests to apply its own limit.
+                problems.append(f"application '{name}': Router max_ongoing_requests "
+                                f"({dep.get('max_ongoing_requests', 5)}) must be above http.max_in_flight ({limit}): "
+                                f"room for health probes and the Router's own fast 503s")
     for problem in problems:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
     if not problems:

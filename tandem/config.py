@@ -133,6 +133,10 @@ class HttpConfig(_Strict):
         (), description="Hosts whose http(s) image URLs may be fetched. Empty: remote URLs are refused.")
     image_fetch_timeout_s: float = Field(5.0, gt=0, description="Connect and read timeout of a remote image.")
     request_timeout_s: float = Field(120.0, gt=0, description="Whole-request deadline (504 past it).")
+    max_in_flight: int | None = Field(None, gt=0, description="Chat requests one Router replica answers at once; "
+                                                            "past it a request gets 503 overloaded_error with "
+                                                            "Retry-After before any work is done. None: only "
+                                                            "the deployment's max_ongoing_requests.")
     max_json_depth: int = Field(16, gt=2, le=256, description="Deepest nesting of arrays and objects in a request "
                                                              "body (a chat request needs 6).")
     api_keys_env: str | None = Field(None, description="Environment variable holding comma-separated API keys; "

@@ -2,8 +2,8 @@
 deployed from serve_config.yaml through the controller's config path (what `serve deploy` does):
 `tandem` (random-init tiny small + tiny large, chosen because they disagree on everything, so a
 `mutual` request always transfers) and `agree` (the same tiny checkpoint in both roles: greedy
-answers agree; API keys on; its LargeAnswerer admits one request and queues one more,
-so overload is easy to provoke). Torn down at the end.
+answers agree; API keys on; its Router admits 4 chat requests at a time and its LargeAnswerer one,
+queueing one more, so overload is easy to provoke). Torn down at the end.
 
 `TANDEM_TEST_ENGINE=vllm` (scripts/test-vllm.sh, in .venv-vllm) deploys the same two apps with
 `engine: vllm`, so every Serve test runs against vLLM too: the small role is then tiny:small-h32
@@ -55,7 +55,7 @@ def app_configs(large_batch: dict | None = None) -> list[dict]:
     agree = copy.deepcopy(tandem)
     agree.update(name="agree", route_prefix="/agree")
     agree["args"]["small"] = _model("tiny:large", "prompted")
-    agree["args"]["http"] = dict(agree["args"]["http"], api_keys_env="TANDEM_API_KEYS")
+    agree["args"]["http"] = dict(agree["args"]["http"], api_keys_env="TANDEM_API_KEYS", max_in_flight=4)
     agree["runtime_env"] = {"env_vars": dict(agree["runtime_env"]["env_vars"], TANDEM_API_KEYS=f"{API_KEY},other")}
     for dep in agree["deployments"]:
         if dep["name"] == "LargeAnswerer":

@@ -148,8 +148,8 @@ def test_api_keys_gate_requests_but_not_health(serve_url, headers):
 
 
 def test_overload_is_a_fast_503_with_retry_after(serve_url):
-    """The agree app's LargeAnswerer takes one request and queues one: a burst must be shed quickly,
-    not queued without bound."""
+    """The agree app's LargeAnswerer takes one request and queues one (and its Router admits four): a
+    burst must be shed quickly, not queued without bound."""
     agree, auth = f"{serve_url}/agree", {"Authorization": f"Bearer {API_KEY}"}
 
     def one(i):
@@ -166,6 +166,54 @@ def test_overload_is_a_fast_503_with_retry_after(serve_url):
     for r, seconds in rejected:
         assert r.headers.get("Retry-After", "").isdigit() and r.json()["error"]["type"] == "overloaded_error"
         assert seconds < 5
+    assert _post(agree, _chat(max_tokens=2), auth).status_code == 200
+
+
+def test_the_admission_limit_turns_a_burst_away_at_the_door_and_frees_every_slot(serve_url):
+    """The agree app's Router admits 4 chat requests at a time (http.max_in_flight): a burst of 12 —
+    half of them streams, one stream left after its first event — never has more than 4 in flight;
+    the rest get 503 overloaded_error naming the limit, at once; health answers meanwhile; and when the
+    burst is over every slot is back (streams and abandoned streams included)."""
+    agree, auth = f"{serve_url}/agree", {"Authorization": f"Bearer {API_KEY}"}
+    router = handle("Router", "agree")
+    rejected_before = router.stats.remote().result()["rejected"]
+    start = threading.Barrier(13)
+
+    def one(i):
+        body = {"model": "tandem:large_reasoning", "max_tokens": 32, "stream": i % 2 == 1,
+                "messages": [{"role": "user", "content": f"admission {i}?"}]}
+        start.wait()
+        t0 = time.monotonic()
+        if i == 1:  # a client that leaves its stream after the first event
+            with httpx.stream("POST", f"{agree}/v1/chat/completions", json=body, headers=auth, timeout=60) as r:
+                if r.status_code == 200:
+                    next(r.iter_lines())
+                    return 200, "left", time.monotonic() - t0
+                r.read()
+                return r.status_code, r.json(), time.monotonic() - t0
+        r = _post(agree, body, auth)
+        return r.status_code, r.json() if r.status_code != 200 else r.text, time.monotonic() - t0
+
+    def health():
+        start.wait()
+        return httpx.get(f"{agree}/healthz", timeout=10).status_code
+
+    with ThreadPoolExecutor(13) as pool:
+        probe = pool.submit(health)
+        results = list(pool.map(one, range(12)))
+    assert probe.result() == 200
+    at_door = [(body, s) for status, body, s in results
+               if status == 503 and "max_in_flight" in body["error"]["message"]]
+    assert at_door, results
+    for body, seconds in at_door:
+        assert body["error"]["type"] == "overloaded_error" and seconds < 5
+    assert {status for status, _, _ in results} <= {200, 503}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and router.stats.remote().result()["in_flight"]:
+        time.sleep(0.1)
+    stats = router.stats.remote().result()
+    assert stats["in_flight"] == 0 and stats["peak_in_flight"] <= 4
+    assert stats["rejected"] - rejected_before >= len(at_door)
     assert _post(agree, _chat(max_tokens=2), auth).status_code == 200
 
 

@@ -3,6 +3,8 @@ where the arithmetic is known, batching, queue limits, shared cores, and plans t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -91,6 +93,23 @@ def test_a_bounded_queue_rejects_past_capacity_and_an_unbounded_one_does_not():
     assert light["rejection_rate"] == 0
 
 
+def test_the_routers_admission_limit_sheds_at_the_door_and_keeps_capacity():
+    """http.max_in_flight: past it a request is turned away before any work, so what is admitted
+    waits behind at most the limit's worth of requests, and the app completes as many as without."""
+    p = profile()
+    w = Workload.mutual(0.0, AGREE)
+    s = settings(max_batch_size=1, max_ongoing=1)
+    s["Router"] = dataclasses.replace(s["Router"], max_ongoing=64)
+    unlimited = simulate(p, w, {}, s, rate=200, duration_s=20)
+    s["Router"] = dataclasses.replace(s["Router"], admit=4)
+    limited = simulate(p, w, {}, s, rate=200, duration_s=20)
+    assert unlimited["rejection_rate"] == 0 and limited["rejection_rate"] > 0.3
+    assert limited["p95_ms"] < unlimited["p95_ms"] / 5
+    assert limited["throughput_rps"] == pytest.approx(unlimited["throughput_rps"], rel=0.1)
+    light = simulate(p, w, {}, s, rate=5, duration_s=20)
+    assert light["rejection_rate"] == 0
+
+
 def test_more_replicas_more_throughput():
     p = profile()
     w = Workload.mutual(0.0, AGREE)
@@ -128,6 +147,9 @@ def test_settings_come_from_the_serve_config():
     assert s["VisionEncoder"].gpus_per_replica == d["VisionEncoder"]["ray_actor_options"]["num_gpus"]
     assert s["LargeAnswerer"].max_batch_size == d["LargeAnswerer"]["user_config"]["max_batch_size"]
     assert s["Router"].max_ongoing == d["Router"]["max_ongoing_requests"] and s["Router"].gpus_per_replica == 0
+    cpu = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
+    assert settings_from_config(ROOT / "serve_config.yaml")["Router"].admit == cpu["args"]["http"]["max_in_flight"]
+    assert settings_from_config(ROOT / "serve_config.yaml")["LargeAnswerer"].admit is None
 
 
 def test_replica_counts_are_parsed_strictly():

@@ -27,6 +27,18 @@ def test_unknown_arg_and_unknown_deployment_are_named(tmp_path):
     assert "unknown key 'selector.budget_tokenz'" in out.stderr and "unknown deployment 'Large'" in out.stderr
 
 
+def test_an_admission_limit_the_router_never_reaches_is_refused(tmp_path):
+    text = (ROOT / "serve_config.yaml").read_text()
+    assert "max_in_flight: 24" in text and "max_ongoing_requests: 64" in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("max_in_flight: 24", "max_in_flight: 64"))
+    out = run(bad)
+    assert out.returncode != 0
+    assert "Router max_ongoing_requests (64) must be above http.max_in_flight (64)" in out.stderr
+    bad.write_text(text.replace("max_in_flight: 24", "max_in_flight: 63"))
+    assert run(bad).returncode == 0, run(bad).stderr
+
+
 def test_deployment_names_match_what_the_builder_binds():
     from tandem.config import DEPLOYMENT_NAMES
     import deployments.app as app
