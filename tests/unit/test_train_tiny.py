@@ -183,3 +183,26 @@ def test_the_command_prints_its_help(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
     assert exit_.value.code == 0 and "--reason-tiers" in capsys.readouterr().out
+
+
+def test_batches_made_in_a_worker_process_are_the_ones_made_inline(tokenizer):
+    """The data worker may only move work, never change it: the same batches, in the same order,
+    objectives switching where the schedule says, and the items counted."""
+    import torch
+
+    from benchmarks.train_tiny import TRAINED_SIZES, Batcher, batch_stream
+    from tandem.checkpoints import new_tiny
+
+    model, processor, tok = new_tiny(TRAINED_SIZES["large"], tokenizer, 0)
+
+    def batches(workers):
+        batcher = Batcher("large", tok, processor.image_processor, model.config.image_token_id, seed=1)
+        schedule = lambda step: {"caption": 1.0} if step < 2 else MIX["large"]  # noqa: E731
+        return list(batch_stream(batcher, 6, 3, schedule, workers=workers))
+
+    inline, worker = batches(0), batches(1)
+    assert [n for _, n in inline] == [n for _, n in worker] == [3, 6, 9, 12, 15, 18]
+    for (a, _), (b, _) in zip(inline, worker):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="workers is 0 or 1"):
+        batch_stream(None, 1, 1, None, workers=2)
