@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,7 +201,10 @@ class LocalApps:
         self._config.close()
         self._log = open(tempfile.mktemp(suffix=".serve.log"), "w")
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        self._proc = subprocess.Popen(["serve", "run", self._config.name], cwd=ROOT, env=env, stdout=self._log,
+        # The `serve` beside this interpreter: a venv's python run without activating the venv finds it.
+        here = Path(sys.executable).parent / "serve"
+        serve_cli = str(here) if here.exists() else "serve"
+        self._proc = subprocess.Popen([serve_cli, "run", self._config.name], cwd=ROOT, env=env, stdout=self._log,
                                       stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready(["/"] + (["/bare/"] if self.bare else []))
         return self

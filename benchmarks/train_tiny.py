@@ -324,6 +324,22 @@ def role_schedule(role: str, mix: dict[str, float] | None = None, finish_mix: di
     return mix, finish_mix, finish_share
 
 
+def cpu_facts() -> dict:
+    """The CPU a run trained on, as far as float rounding goes: PyTorch's CPU kernels take other code
+    paths by instruction set (AVX-512, AMX), and one fp32 run on another CPU ends elsewhere (README,
+    reproducing the pair). Linux only; empty elsewhere."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    import torch
+
+    return {"model": model, "isa": sorted(f for f in set(flags) if f.startswith(("avx512f", "amx", "avx2", "fma"))),
+            "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def from_checkpoint(ref: str):
     """(model, processor, tokenizer, facts) of a saved checkpoint, loaded as the engines load it, to
     train on; facts: its training.json, None when it has none."""
@@ -347,6 +363,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     """Train one role — from scratch, or on from the checkpoint `init_from` (its weights and tokenizer) —
     and save it to out; returns the facts for its model card."""
     import torch
+    import transformers
     from tqdm import tqdm
 
     mix, finish_mix, finish_share = role_schedule(role, mix, finish_mix, finish_share)
@@ -387,7 +404,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     facts = {"role": role, "reasoning_format": FORMATS[role], "steps": steps, "batch_size": batch_size,
              "examples": steps * batch_size, "items": items, "lr": lr, "seed": seed,
              "bf16_autocast": bf16, "threads": torch.get_num_threads(), "data_workers": data_workers,
-             "train_seconds": round(seconds, 1),
+             "train_seconds": round(seconds, 1), "cpu": cpu_facts(), "transformers": transformers.__version__,
              "parameters": sum(p.numel() for p in model.parameters()),
              "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
              "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers,  # None: the task's own mix
