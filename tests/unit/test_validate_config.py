@@ -27,16 +27,22 @@ def test_unknown_arg_and_unknown_deployment_are_named(tmp_path):
     assert "unknown key 'selector.budget_tokenz'" in out.stderr and "unknown deployment 'Large'" in out.stderr
 
 
+def run_edited(tmp_path, config: str, old: str, new: str):
+    """validate-config on a shipped config with one edit."""
+    text = (ROOT / config).read_text()
+    assert old in text
+    edited = tmp_path / f"edited-{config}"
+    edited.write_text(text.replace(old, new))
+    return run(edited)
+
+
 def test_an_admission_limit_the_router_never_reaches_is_refused(tmp_path):
-    text = (ROOT / "serve_config.yaml").read_text()
-    assert "max_in_flight: 24" in text and "max_ongoing_requests: 64" in text
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace("max_in_flight: 24", "max_in_flight: 64"))
-    out = run(bad)
+    assert "max_ongoing_requests: 64" in (ROOT / "serve_config.yaml").read_text()
+    out = run_edited(tmp_path, "serve_config.yaml", "max_in_flight: 24", "max_in_flight: 64")
     assert out.returncode != 0
     assert "Router max_ongoing_requests (64) must be above http.max_in_flight (64)" in out.stderr
-    bad.write_text(text.replace("max_in_flight: 24", "max_in_flight: 63"))
-    assert run(bad).returncode == 0, run(bad).stderr
+    ok = run_edited(tmp_path, "serve_config.yaml", "max_in_flight: 24", "max_in_flight: 63")
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_deployment_names_match_what_the_builder_binds():
@@ -51,17 +57,13 @@ def test_gpu_config_is_valid_with_its_limits_consistent():
 
 
 def test_prompt_limit_below_what_the_http_limits_admit_fails_with_the_arithmetic(tmp_path):
-    text = (ROOT / "serve_config.gpu.yaml").read_text()
-    assert "max_pixels: 262144" in text and "max_prompt_tokens: 8192" in text
-    bad = tmp_path / "bad.yaml"
+    assert "max_pixels: 262144" in (ROOT / "serve_config.gpu.yaml").read_text()
     # Four 512 x 512 images (4 x 258 tokens), the question, a reasoning and the template: 5,120.
-    bad.write_text(text.replace("max_prompt_tokens: 8192", "max_prompt_tokens: 5000"))
-    out = run(bad)
+    out = run_edited(tmp_path, "serve_config.gpu.yaml", "max_prompt_tokens: 8192", "max_prompt_tokens: 5000")
     assert out.returncode != 0
     assert "limits.max_prompt_tokens (5000) is below the longest large prompt the HTTP limits admit: 5120" in out.stderr
     assert "4 images x 258 (large.max_pixels 262144) + 3000 (http.max_question_chars) + 1024" in out.stderr
-    bad.write_text(text.replace("max_prompt_tokens: 8192", "max_prompt_tokens: 5120"))
-    assert run(bad).returncode == 0
+    assert run_edited(tmp_path, "serve_config.gpu.yaml", "max_prompt_tokens: 8192", "max_prompt_tokens: 5120").returncode == 0
 
 
 def test_default_config_keeps_its_own_invariants():
