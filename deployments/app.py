@@ -14,11 +14,11 @@ from deployments.large_answerer import LargeAnswerer
 from deployments.router import Router
 from deployments.small_reasoner import SmallReasoner
 from deployments.vision_encoder import VisionEncoder
-from tandem.config import TandemConfig, load_tandem_config
+from tandem.config import ROUTER_MAX_ONGOING, TandemConfig, load_tandem_config
 
 # Defaults sized for one small CPU machine; serve_config.yaml overrides each.
 _DEFAULT_OPTIONS = {
-    "Router": dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=64),
+    "Router": dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=ROUTER_MAX_ONGOING),
     "VisionEncoder": dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=32),
     "SmallReasoner": dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=32),
     "LargeAnswerer": dict(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=32),

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from tandem.config import DEPLOYMENT_NAMES, POLICY_NAMES, limit_problems, load_tandem_config
+from tandem.config import DEPLOYMENT_NAMES, POLICY_NAMES, ROUTER_MAX_ONGOING, limit_problems, load_tandem_config
 from tandem.errors import TandemError
 from tandem.policies import parse_policy_id
 
@@ -83,13 +83,13 @@ def _cmd_validate_config(args) -> int:
             if dep.get("name") not in DEPLOYMENT_NAMES:
                 problems.append(f"application '{name}': unknown deployment '{dep.get('name')}'; "
                                 f"known: {', '.join(DEPLOYMENT_NAMES)}")
-            limit = config.http.max_in_flight if config else None
-            if dep.get("name") == "Router" and limit and dep.get("max_ongoing_requests", 5) <= limit:
-                # Serve queues (or refuses in plain text) what is past max_ongoing_requests: the
-                # Router would never see enough requests to apply its own limit.
-                problems.append(f"application '{name}': Router max_ongoing_requests "
-                                f"({dep.get('max_ongoing_requests', 5)}) must be above http.max_in_flight ({limit}): "
-                                f"room for health probes and the Router's own fast 503s")
+        router = next((d for d in app.get("deployments") or [] if d.get("name") == "Router"), {})
+        ongoing, limit = router.get("max_ongoing_requests", ROUTER_MAX_ONGOING), config and config.http.max_in_flight
+        if limit and ongoing <= limit:
+            # Serve queues (or refuses in plain text) what is past max_ongoing_requests: the Router
+            # would never see enough requests to apply its own limit.
+            problems.append(f"application '{name}': Router max_ongoing_requests ({ongoing}) must be above "
+                            f"http.max_in_flight ({limit}): room for health probes and the Router's own fast 503s")
     for problem in problems:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
     if not problems:

@@ -18,6 +18,9 @@ PolicyName = Literal[POLICY_NAMES]  # type: ignore[valid-type]
 SelectorName = Literal["full", "budget", "attention"]
 # The Serve deployments a config may name (deployments/app.py binds exactly these).
 DEPLOYMENT_NAMES: tuple[str, ...] = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
+# The Router's max_ongoing_requests where a serve config sets none (deployments/app.py): validate-config
+# checks http.max_in_flight against it.
+ROUTER_MAX_ONGOING = 64
 
 
 class _Strict(BaseModel):
