@@ -6,7 +6,6 @@ Errors become OpenAI-shaped JSON here, once; metrics and the per-request log lin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -160,41 +159,38 @@ class Router:
     async def _stream(self, chat, slot):
         """SSE chunks as the pipeline decodes: reasoning deltas (when asked) and answer deltas the
         moment they arrive, then usage and the trace. A client that disconnects closes this
-        generator, which cancels the pipeline and with it the rows decoding downstream."""
+        generator, which cancels the pipeline and with it the rows decoding downstream. However the
+        stream ends, its admission slot is released."""
         try:
-            async with contextlib.aclosing(self._stream_chunks(chat)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
+            created = int(time.time())
+            yield openai_api.stream_start(chat, created)
+            queue: asyncio.Queue = asyncio.Queue()
+            task = asyncio.ensure_future(self._answer(chat, lambda kind, text: queue.put_nowait((kind, text))))
+            task.add_done_callback(lambda _: queue.put_nowait(None))
+            answer = openai_api.AnswerStream()
+            try:
+                while (item := await queue.get()) is not None:
+                    kind, text = item
+                    piece = answer.feed(text) if kind == "content" else text
+                    if piece:
+                        yield openai_api.stream_delta(chat, created, kind, piece)
+                result = task.result()
+            except Exception as err:  # headers are sent: the error travels as the stream's last event
+                if not isinstance(err, TandemError):
+                    logger.exception("tandem stream failed: %s", chat.ask.request_id)
+                err = err if isinstance(err, TandemError) else _INTERNAL
+                self.errors.inc(tags={"status": str(err.status)})
+                yield f"data: {json.dumps(err.to_openai())}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            finally:
+                if not task.done():
+                    task.cancel()
+            rest = openai_api.answer_pieces(answer.rest(result.answer))
+            for chunk in openai_api.stream_rest(result, chat, created, rest):
+                yield chunk
         finally:
             slot.release()
-
-    async def _stream_chunks(self, chat):
-        created = int(time.time())
-        yield openai_api.stream_start(chat, created)
-        queue: asyncio.Queue = asyncio.Queue()
-        task = asyncio.ensure_future(self._answer(chat, lambda kind, text: queue.put_nowait((kind, text))))
-        task.add_done_callback(lambda _: queue.put_nowait(None))
-        answer = openai_api.AnswerStream()
-        try:
-            while (item := await queue.get()) is not None:
-                kind, text = item
-                piece = answer.feed(text) if kind == "content" else text
-                if piece:
-                    yield openai_api.stream_delta(chat, created, kind, piece)
-            result = task.result()
-        except Exception as err:  # headers are sent: the error travels as the stream's last event
-            if not isinstance(err, TandemError):
-                logger.exception("tandem stream failed: %s", chat.ask.request_id)
-            err = err if isinstance(err, TandemError) else _INTERNAL
-            self.errors.inc(tags={"status": str(err.status)})
-            yield f"data: {json.dumps(err.to_openai())}\n\n"
-            yield "data: [DONE]\n\n"
-            return
-        finally:
-            if not task.done():
-                task.cancel()
-        for chunk in openai_api.stream_rest(result, chat, created, openai_api.answer_pieces(answer.rest(result.answer))):
-            yield chunk
 
     def _record(self, result: TandemResult) -> None:
         self.requests.inc(tags={"policy": result.policy, "path": result.path})
