@@ -204,7 +204,7 @@ class Batcher:
         self.tiers = {"reason": reason_tiers, "direct": direct_tiers}
         self.rng = random.Random(seed)
         self.seed, self.next_item = seed, 0
-        self.mix = MIX[role]  # train() sets it per step
+        self.mix = MIX[role]  # batch_stream sets it per step
 
     def example(self, objective: str):
         tier = None
@@ -332,11 +332,15 @@ def cpu_facts() -> dict:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
         return {}
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    fields: dict[str, str] = {}  # the first processor's
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
     import torch
 
-    return {"model": model, "isa": sorted(f for f in set(flags) if f.startswith(("avx512f", "amx", "avx2", "fma"))),
+    return {"model": fields.get("model name", ""),
+            "isa": sorted(f for f in flags if f.startswith(("avx512f", "amx", "avx2", "fma"))),
             "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability()}
 
 
