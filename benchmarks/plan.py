@@ -13,15 +13,21 @@ take none; among plans with as many GPUs, fewer Routers win). The search:
 3. trim: for each pool, most GPUs per replica first, remove replicas (steps of ~10 %, halved on a
    miss, down to one) while the plan still meets both.
 Every simulation uses the same seed and arrivals, so two plans are compared on the same traffic.
-Writes a serve-config overlay (`num_replicas` per deployment; `--base` merges it into a whole
-config). `--sanity` also simulates the plan with one replica fewer in its busiest GPU pool (it should
-miss) and plans twice the rate (the GPUs should roughly double). Ends with one JSON line.
+The Routers' admission limit (`http.max_in_flight`) is sized with the plan and simulated with it:
+a Router replica's share of the rate times the SLO (by Little's law, past that many requests in
+flight the mean one waits longer than the SLO, so they are turned away rather than queued), below
+the Router's `max_ongoing_requests`; `--keep-admission` plans with the config's limit instead.
+Writes a serve-config overlay (`num_replicas` per deployment, the admission limit; `--base` merges
+it into a whole config). `--sanity` also simulates the plan with one replica fewer in its busiest GPU
+pool (it should miss) and plans twice the rate (the GPUs should roughly double). Ends with one JSON
+line.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -51,6 +57,20 @@ def lower_bound(profile: Profile, workload: Workload, settings: dict[str, PoolSe
     return {name: max(1, math.ceil(rate * ms / 1000)) for name, ms in busy.items()}
 
 
+def admission_limit(rate: float, routers: int, p95_ms: float, max_ongoing: int) -> int:
+    """http.max_in_flight for a plan: a Router replica's share of the rate times the p95 SLO. More in
+    flight than that means the mean request takes longer than the SLO (Little's law): the requests
+    past it would miss anyway, and queueing them makes the ones behind miss too. Kept below Serve's
+    max_ongoing_requests, or Serve would queue before the Router could turn anything away (the rule
+    `tandem validate-config` enforces)."""
+    return max(1, min(math.ceil(rate / routers * p95_ms / 1000), max_ongoing - 1))
+
+
+def router_slots(settings: PoolSettings) -> int:
+    """Requests a Router replica holds at once: Serve's limit, or the app's admission limit if lower."""
+    return min(settings.max_ongoing, settings.admit) if settings.admit else settings.max_ongoing
+
+
 def gpus(replicas: dict[str, int], settings: dict[str, PoolSettings]) -> float:
     return sum(n * settings[name].gpus_per_replica for name, n in replicas.items())
 
@@ -58,8 +78,9 @@ def gpus(replicas: dict[str, int], settings: dict[str, PoolSettings]) -> float:
 class Planner:
     def __init__(self, profile: Profile, workload: Workload, settings: dict[str, PoolSettings], *, p95_ms: float,
                  max_rejection: float = 0.001, duration_s: float = 30.0, seed: int = 0, host_cores=None,
-                 verbose: bool = True):
+                 size_admission: bool = True, verbose: bool = True):
         self.profile, self.workload, self.settings = profile, workload, settings
+        self.size_admission = size_admission
         self.p95_ms, self.max_rejection = p95_ms, max_rejection
         self.duration_s, self.seed, self.host_cores, self.verbose = duration_s, seed, host_cores, verbose
         self.simulations = 0
@@ -70,12 +91,21 @@ class Planner:
         if key in self._seen:
             return self._seen[key]
         self.simulations += 1
-        r = self._seen[key] = simulate(self.profile, self.workload, replicas, self.settings, rate=rate,
+        r = self._seen[key] = simulate(self.profile, self.workload, replicas, self.settings_for(replicas, rate), rate=rate,
                                        duration_s=self.duration_s, seed=self.seed, host_cores=self.host_cores)
         if self.verbose:
             print(f"  {self._label(replicas)}: p95 {r['p95_ms']:.0f} ms, rejected {r['rejection_rate']:.2%}, "
                   f"{r['throughput_rps']} req/s -> {'meets' if self.meets(r) else 'misses'}", flush=True)
         return r
+
+    def settings_for(self, replicas: dict[str, int], rate: float) -> dict[str, PoolSettings]:
+        """The pools' settings a plan runs with: the config's, with the Routers' admission limit sized
+        for the plan unless the config's is kept."""
+        if not self.size_admission:
+            return self.settings
+        router = self.settings["Router"]
+        limit = admission_limit(rate, replicas["Router"], self.p95_ms, router.max_ongoing)
+        return {**self.settings, "Router": dataclasses.replace(router, admit=limit)}
 
     def meets(self, r: dict) -> bool:
         return r["completed"] > 0 and r["p95_ms"] <= self.p95_ms and r["rejection_rate"] <= self.max_rejection
@@ -99,7 +129,10 @@ class Planner:
     def plan(self, rate: float, max_iterations: int = 60) -> tuple[dict[str, int], dict]:
         replicas = lower_bound(self.profile, self.workload, self.settings, rate)
         # Little's law: the Routers hold every request for its whole latency, at least an unloaded one.
-        slots = rate * self.workload.unloaded_s(self.profile, mean=True) / self.settings["Router"].max_ongoing
+        # (With the admission limit sized, a Router replica holds at least the rate's share times the
+        # SLO, which is above an unloaded request's latency; with the config's limit kept, that limit.)
+        per_router = self.settings["Router"].max_ongoing if self.size_admission else router_slots(self.settings["Router"])
+        slots = rate * self.workload.unloaded_s(self.profile, mean=True) / per_router
         replicas["Router"] = max(replicas["Router"], math.ceil(slots))
         if self.verbose:
             print(f"rate {rate} req/s: lower bound {self._label(replicas)}")
@@ -111,7 +144,7 @@ class Planner:
             grown = replicas[worst] + max(1, round(replicas[worst] * 0.1))
             if worst == "Router" and result["completed"]:
                 # Little's law on what was measured: slots for the rate times the mean latency, +25 %.
-                need = rate * result["mean_ms"] / 1000 * 1.25 / self.settings["Router"].max_ongoing
+                need = rate * result["mean_ms"] / 1000 * 1.25 / router_slots(self.settings_for(replicas, rate)["Router"])
                 grown = max(grown, math.ceil(need))
             replicas[worst] = grown
             result = self.evaluate(replicas, rate)
@@ -137,16 +170,22 @@ def busiest_gpu_pool(result: dict, settings: dict[str, PoolSettings]) -> str:
                key=lambda n: result["pools"][n]["utilisation"], default="LargeAnswerer")
 
 
-def overlay(replicas: dict[str, int], base: dict | None = None) -> dict:
-    """The plan as a serve config: `base` with each deployment's replicas fixed, or just the overlay."""
+def overlay(replicas: dict[str, int], base: dict | None = None, max_in_flight: int | None = None) -> dict:
+    """The plan as a serve config: `base` with each deployment's replicas (and the Routers' admission
+    limit, if given) fixed, or just the overlay."""
     if base is None:
-        return {"applications": [{"name": "tandem", "deployments": [{"name": n, "num_replicas": replicas[n]}
-                                                                     for n in POOLS]}]}
+        app = {"name": "tandem", "deployments": [{"name": n, "num_replicas": replicas[n]} for n in POOLS]}
+        if max_in_flight is not None:
+            app["args"] = {"http": {"max_in_flight": max_in_flight}}
+        return {"applications": [app]}
     config = copy.deepcopy(base)
-    for d in config["applications"][0]["deployments"]:
+    app = config["applications"][0]
+    for d in app["deployments"]:
         if d["name"] in replicas:
             d.pop("autoscaling_config", None)
             d["num_replicas"] = replicas[d["name"]]
+    if max_in_flight is not None:
+        app.setdefault("args", {}).setdefault("http", {})["max_in_flight"] = max_in_flight
     return config
 
 
@@ -161,6 +200,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="write the plan as a serve-config overlay (YAML)")
     p.add_argument("--base", help="with --out: merge into this serve config instead (a whole config)")
     p.add_argument("--sanity", action="store_true", help="also: one GPU fewer in the busiest pool; twice the rate")
+    p.add_argument("--keep-admission", action="store_true",
+                   help="plan with the config's http.max_in_flight instead of sizing it for the plan")
     args = p.parse_args(argv)
     profile = Profile.load(args.profile)
     workload = workload_for(args, profile)
@@ -168,11 +209,13 @@ def main(argv=None) -> int:
     duration = args.duration_s or max(30.0, 8 * workload.unloaded_s(profile))
     print(f"profile {args.profile} ({profile.source.get('device', '?')}); workload: {workload.describe()}")
     planner = Planner(profile, workload, settings, p95_ms=args.p95_ms, max_rejection=args.max_rejection,
-                      duration_s=duration, seed=args.seed, host_cores=args.host_cores)
+                      duration_s=duration, seed=args.seed, host_cores=args.host_cores,
+                      size_admission=not args.keep_admission)
     replicas, result = planner.plan(args.rate)
+    max_in_flight = planner.settings_for(replicas, args.rate)["Router"].admit
     summary = {"benchmark": "plan", "rate_rps": args.rate, "p95_slo_ms": args.p95_ms,
                "transfer_rate": round(sum(s for n, s, _ in workload.paths if n == "transfer"), 4),
-               "replicas": replicas, "gpus": gpus(replicas, settings),
+               "replicas": replicas, "gpus": gpus(replicas, settings), "max_in_flight": max_in_flight,
                "predicted": {k: result[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "p99_ms", "rejection_rate")}
                | {"utilisation": {n: v["utilisation"] for n, v in result["pools"].items()}},
                "simulations": planner.simulations}
@@ -186,7 +229,7 @@ def main(argv=None) -> int:
         summary["double_rate"] = {"replicas": double, "gpus": gpus(double, settings),
                                   "gpu_ratio": round(gpus(double, settings) / max(summary["gpus"], 1e-9), 2)}
     print(f"\nplan for {args.rate} req/s, p95 <= {args.p95_ms} ms: " + ", ".join(f"{k} {v}" for k, v in replicas.items())
-          + f" = {summary['gpus']:g} GPUs; predicted p95 {result['p95_ms']} ms, {result['throughput_rps']} req/s, "
+          + f" = {summary['gpus']:g} GPUs; admission limit {max_in_flight or 'none'} a Router; predicted p95 {result['p95_ms']} ms, {result['throughput_rps']} req/s, "
           f"rejected {result['rejection_rate']:.2%}")
     if args.sanity:
         m, d = summary["minus_one"], summary["double_rate"]
@@ -197,7 +240,8 @@ def main(argv=None) -> int:
         base = yaml.safe_load(Path(args.base).read_text()) if args.base else None
         Path(args.out).write_text(f"# benchmarks.plan: {args.rate} req/s, p95 <= {args.p95_ms} ms, transfer rate "
                                   f"{summary['transfer_rate']}, profile {args.profile}\n"
-                                  + yaml.safe_dump(overlay(replicas, base), sort_keys=False))
+                                  + yaml.safe_dump(overlay(replicas, base, None if args.keep_admission else max_in_flight),
+                                                 sort_keys=False))
         print(f"serve config {'(whole)' if base else 'overlay'}: {args.out}")
     print(json.dumps(summary))
     return 0

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import yaml
 
-from benchmarks.plan import Planner, gpus, lower_bound, overlay
+from benchmarks.plan import Planner, admission_limit, gpus, lower_bound, overlay
 from benchmarks.simulate import (PROFILE_KIND, ROOT, Curve, PoolSettings, Profile, Workload, parse_replicas,
                                  settings_from_config, simulate)
 
@@ -175,6 +175,34 @@ def test_the_plan_meets_its_slo_and_one_replica_fewer_in_its_busiest_pool_does_n
     assert 1.5 <= gpus(double, s) / gpus(replicas, s) <= 2.5
 
 
+def test_the_plan_sizes_the_routers_admission_limit_and_meets_its_slo_with_it():
+    p = profile()
+    w = Workload.mutual(0.3, AGREE)
+    s = settings(max_ongoing=16, max_queued=64)
+    s["Router"] = dataclasses.replace(s["Router"], admit=2)  # the config's, replaced by the plan's
+    planner = Planner(p, w, s, p95_ms=300, duration_s=10, verbose=False)
+    replicas, result = planner.plan(200)
+    limit = planner.settings_for(replicas, 200)["Router"].admit
+    assert limit == min(-(-200 * 300 // (1000 * replicas["Router"])), 16 - 1)  # rate share x SLO, below Serve's
+    assert planner.meets(result) and result["rejection_rate"] <= 0.001
+    assert admission_limit(1000, 21, 20000, 256) == 255 and admission_limit(0.1, 4, 100, 64) == 1
+
+
+def test_a_kept_admission_limit_takes_more_routers_to_carry_the_rate():
+    """With the config's limit kept (4 in flight a Router), the rate's ~7 requests in flight need
+    several Routers: one alone turns requests away at the door."""
+    p = profile()
+    w = Workload.mutual(0.3, AGREE)
+    s = settings(max_ongoing=64, max_queued=64)
+    s["Router"] = dataclasses.replace(s["Router"], admit=4)
+    planner = Planner(p, w, s, p95_ms=300, duration_s=10, size_admission=False, verbose=False)
+    one = planner.evaluate({"Router": 1, "VisionEncoder": 4, "SmallReasoner": 4, "LargeAnswerer": 4}, 200)
+    assert one["pools"]["Router"]["rejected"] > 0 and not planner.meets(one)
+    replicas, result = planner.plan(200)
+    assert replicas["Router"] >= 2 and planner.meets(result)
+    assert planner.settings_for(replicas, 200)["Router"].admit == 4
+
+
 def test_overlay_fixes_replicas_and_drops_autoscaling():
     base = yaml.safe_load((ROOT / "serve_config.gpu.yaml").read_text())
     plan = {"Router": 2, "VisionEncoder": 3, "SmallReasoner": 4, "LargeAnswerer": 5}
@@ -183,6 +211,11 @@ def test_overlay_fixes_replicas_and_drops_autoscaling():
         assert d["num_replicas"] == plan[d["name"]] and "autoscaling_config" not in d
     assert base["applications"][0]["deployments"][1].get("autoscaling_config")  # the base is untouched
     assert overlay(plan)["applications"][0]["deployments"][3] == {"name": "LargeAnswerer", "num_replicas": 5}
+    sized = overlay(plan, base, max_in_flight=40)["applications"][0]
+    assert sized["args"]["http"]["max_in_flight"] == 40
+    assert sized["args"]["http"]["max_images"] == base["applications"][0]["args"]["http"]["max_images"]
+    assert "max_in_flight" not in base["applications"][0]["args"]["http"]
+    assert overlay(plan, max_in_flight=40)["applications"][0]["args"] == {"http": {"max_in_flight": 40}}
 
 
 def test_measured_cpu_the_stages_do_not_account_for_loads_shared_cores_only():
@@ -257,3 +290,4 @@ def test_cpu_measured_with_requests_in_flight_is_charged_by_how_many_are_in_flig
     loaded = Profile.from_dict({**profile_dict(), "cpu_ms_per_request": {"Router": 150.0, "proxy": 50.0},
                                 "cpu_ms_per_request_busy": {"concurrency": 8, "ms": {"Router": 40.0, "proxy": 20.0}}})
     assert loaded.cpu_busy == (8, 60.0) and loaded.scaled({"small": 2}).cpu_busy == (8, 60.0)
+
