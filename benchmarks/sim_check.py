@@ -10,9 +10,10 @@ then:
 2. `tandem:mutual` on held-out grid items (distinct images: the feature cache, which the simulator
    does not model, stays cold): closed loops at concurrency 1, 4 and 16, then an open loop at
    `--open-fraction` of the throughput measured at 16 (near saturation);
-3. the simulator on the same loads — with the items' own workload (the paths and stage sizes the
-   concurrency-1 loop's answers reported) — fed by that profile and the same config, with the replicas
-   sharing the machine's cores (`--host-cores`, default: all of them);
+3. the simulator on the same loads (the open loop replaying the send times the app got) — with the
+   items' own workload (the paths and stage sizes the concurrency-1 loop's answers reported) — fed by
+   that profile and the same config, with the replicas sharing the machine's cores (`--host-cores`,
+   default: all of them);
 4. a table: measured vs simulated throughput and p50, and whether each is within `--tolerance`.
 Writes results/sim-check-*/{sim_check.json,profile.json} and ends with one JSON line.
 """
@@ -79,7 +80,10 @@ async def open_loop(url: str, items: list[dict], rate: float, duration_s: float,
             i += 1
             await asyncio.sleep(rng.expovariate(rate))
         records = await asyncio.gather(*tasks)
-    return {**open_loop_summary(records, start, duration_s), "workload": traces.workload()}
+    # The send times, for the simulator to replay: a minute of Poisson arrivals near saturation is a
+    # draw (which bursts come when), and the two should be compared on the same one.
+    return {**open_loop_summary(records, start, duration_s), "workload": traces.workload(),
+            "arrivals_s": [round(sent - start, 6) for sent, _ in records]}
 
 
 def open_loop_summary(records: list[tuple[float, tuple[int, float, float]]], start: float, duration_s: float) -> dict:
@@ -111,7 +115,7 @@ def _summary(records, window_start: float, window_end: float) -> dict:
 
 
 def _brief(m: dict) -> dict:
-    return {**{k: v for k, v in m.items() if k != "workload"}, "transfer_rate": m["workload"]["transfer_rate"],
+    return {**{k: v for k, v in m.items() if k not in ("workload", "arrivals_s")}, "transfer_rate": m["workload"]["transfer_rate"],
             "degraded": m["workload"]["degraded"]}
 
 
@@ -174,7 +178,7 @@ def main(argv=None) -> int:
     print(f"workload of the closed loop at {base['load']} (simulated for every load): {workload.describe()}")
     rows = []
     for pt in points:
-        kw = {"concurrency": pt["load"]} if pt["kind"] == "closed" else {"rate": pt["load"]}
+        kw = {"concurrency": pt["load"]} if pt["kind"] == "closed" else {"arrivals": pt["measured"]["arrivals_s"]}
         # The same length of run as measured: near saturation the queue is still growing at 60 s,
         # so a longer simulated run reports the longer queue of a later moment.
         s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=args.host_cores, **kw)

@@ -566,13 +566,26 @@ class Simulation:
                 return
             self.arrive()
 
+    def _replay(self, arrivals: list[float], until: float):
+        for t in sorted(arrivals):
+            if t >= until:
+                return
+            yield self.env.timeout(max(0.0, t - self.env.now))
+            self.arrive()
+
     def run(self, *, rate: float | None = None, concurrency: int | None = None, duration_s: float = 60.0,
-            warmup_s: float | None = None, drain_s: float | None = None) -> dict:
+            warmup_s: float | None = None, drain_s: float | None = None, arrivals: list[float] | None = None) -> dict:
         """Open loop at `rate` req/s or a closed loop of `concurrency` clients, for `duration_s`
         simulated seconds; requests arriving in the first `warmup_s` are not counted. An open loop
         then runs `drain_s` more (default: as long again, up to a minute) without arrivals, so the
-        last counted requests finish and their latencies count."""
-        if (rate is None) == (concurrency is None):
+        last counted requests finish and their latencies count. `arrivals` (seconds from the start)
+        replays a measured open loop's own send times instead of drawing Poisson ones: a check against
+        the real app then compares the two on the same bursts."""
+        if arrivals is not None:
+            if rate is not None or concurrency is not None:
+                raise ValueError("give arrivals, or rate, or concurrency")
+            rate = len([t for t in arrivals if 0 <= t < duration_s]) / duration_s
+        elif (rate is None) == (concurrency is None):
             raise ValueError("give either rate or concurrency")
         self._unaccounted = self._unaccounted_cpu_s()
         # Default warm-up: a tenth of the run, or three of the slowest path's unloaded latencies if
@@ -580,7 +593,9 @@ class Simulation:
         deep = 3 * self.workload.unloaded_s(self.profile)
         warmup = min(max(duration_s * 0.1, deep), duration_s / 2) if warmup_s is None else warmup_s
         started = time.perf_counter()
-        if rate is not None:
+        if arrivals is not None:
+            self.env.process(self._replay(arrivals, duration_s))
+        elif rate is not None:
             self.env.process(self._open_loop(rate, duration_s))
         else:
             def again():
@@ -628,9 +643,10 @@ class Simulation:
 
 def simulate(profile: Profile, workload: Workload, replicas: dict[str, int], settings: dict[str, PoolSettings],
              *, rate: float | None = None, concurrency: int | None = None, duration_s: float = 60.0,
-             host_cores: float | None = None, seed: int = 0, warmup_s: float | None = None) -> dict:
+             host_cores: float | None = None, seed: int = 0, warmup_s: float | None = None,
+             arrivals: list[float] | None = None) -> dict:
     sim = Simulation(profile, workload, replicas, settings, host_cores=host_cores, seed=seed)
-    return sim.run(rate=rate, concurrency=concurrency, duration_s=duration_s, warmup_s=warmup_s)
+    return sim.run(rate=rate, concurrency=concurrency, duration_s=duration_s, warmup_s=warmup_s, arrivals=arrivals)
 
 
 def parse_replicas(text: str) -> dict[str, int]:

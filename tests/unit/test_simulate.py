@@ -291,3 +291,17 @@ def test_cpu_measured_with_requests_in_flight_is_charged_by_how_many_are_in_flig
                                 "cpu_ms_per_request_busy": {"concurrency": 8, "ms": {"Router": 40.0, "proxy": 20.0}}})
     assert loaded.cpu_busy == (8, 60.0) and loaded.scaled({"small": 2}).cpu_busy == (8, 60.0)
 
+
+def test_an_open_loop_replays_given_send_times():
+    """The check against the app replays the app's own arrivals: the same bursts, so the same queue."""
+    p = profile()
+    w = Workload.mutual(0.0, AGREE)
+    s = settings(max_batch_size=1, max_ongoing=1)
+    burst = [1.0 + i * 0.001 for i in range(20)] + [5.0 + i * 0.5 for i in range(10)]
+    r = simulate(p, w, {}, s, arrivals=burst, duration_s=10, warmup_s=0)
+    assert r["completed"] == 30 and r["rate_rps"] == 3.0
+    even = simulate(p, w, {}, s, arrivals=[0.3 * i for i in range(1, 31)], duration_s=10, warmup_s=0)
+    assert r["p95_ms"] > 5 * even["p95_ms"]  # the burst queues; the same count spread out does not
+    assert simulate(p, w, {}, s, arrivals=burst, duration_s=10, warmup_s=0, seed=7)["p50_ms"] == r["p50_ms"]
+    with pytest.raises(ValueError):
+        simulate(p, w, {}, s, arrivals=burst, rate=3.0)
