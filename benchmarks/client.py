@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -102,6 +103,21 @@ class Outcome:
     ttft_ms: float | None = None  # streamed: to the first delta (reasoning or content)
     ttfc_ms: float | None = None  # streamed: to the first content delta
     itl_ms: list[float] = field(default_factory=list)  # streamed: gaps between deltas
+
+
+async def poisson_sends(rate: float, seed: int, duration_s: float):
+    """An open loop's send times: Poisson at `rate` for `duration_s`, each send at its time on a
+    schedule fixed from the start (yields when a request is due). A loop that sleeps each gap after a
+    send instead lags by whatever the event loop spent on responses in between, and offers less than
+    `rate` — 16.4 of 17.4 req/s in a sim_check run near saturation."""
+    rng, start = random.Random(seed), time.monotonic()
+    due = start
+    while due - start < duration_s:
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield
+        due += rng.expovariate(rate)
 
 
 async def stream_chat(http: httpx.AsyncClient, url: str, body: dict, t0: float = 0.0,

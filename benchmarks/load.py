@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import platform
-import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.client import ROOT, LocalApps, Outcome, chat_body, post_chat, stream_chat, synthetic_png
+from benchmarks.client import ROOT, LocalApps, Outcome, chat_body, poisson_sends, post_chat, stream_chat, synthetic_png
 from benchmarks.metrics import count_statuses, summarize_latencies
 
 IMAGES = [synthetic_png(seed) for seed in range(8)]
@@ -74,13 +73,12 @@ async def closed_loop(url: str, shape: Shape, concurrency: int, requests: int, m
 
 
 async def open_loop(url: str, shape: Shape, rate: float, requests: int, max_s: float, seed: int) -> tuple[list, float]:
-    rng, tasks, start = random.Random(seed), [], time.monotonic()
+    tasks, start = [], time.monotonic()
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as http:
-        for i in range(requests):
-            if time.monotonic() - start > max_s:
+        async for _ in poisson_sends(rate, seed, max_s):
+            tasks.append(asyncio.ensure_future(send(http, url, shape, len(tasks), start)))
+            if len(tasks) == requests:
                 break
-            tasks.append(asyncio.ensure_future(send(http, url, shape, i, start)))
-            await asyncio.sleep(rng.expovariate(rate))
         outcomes = await asyncio.gather(*tasks)
     return list(outcomes), time.monotonic() - start
 
