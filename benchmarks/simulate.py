@@ -19,8 +19,8 @@ What is modelled, as the app does it (DESIGN §13):
   every step costs `step.<role>` at the running batch size, each row leaves after its own steps; an
   idle loop waits `batch_wait_timeout_s` for a batch to fill.
 - **The policy's path mix** (`Workload`): agree vs transfer share, per-stage prompt tokens and decode
-  steps. Open-loop Poisson arrivals at any rate, or a closed loop of N clients (to check against a
-  load test).
+  steps. Open-loop Poisson arrivals at any rate, a replay of measured send times, or a closed loop
+  of N clients (the last two to check against a load test).
 
 `--host-cores N` models replicas that share N CPU cores (the local CPU app): a batch, a step, a call's
 overhead or a Router's work that starts while k activities compute runs max(1, k / N) times slower.
