@@ -3,6 +3,7 @@ word with the program's, and its first wrong word is classed by the step that wr
 
     python -m benchmarks.trace_errors --role small --tier compose --n 60
     python -m benchmarks.trace_errors --role large --tier count --config other.yaml
+    python -m benchmarks.trace_errors --role large --tier count --direct   # how far direct counts land
 
 Steps: `colour` (a cell read from the image), `value` (a compose value copied from the question, or
 a count's per-row figure), `sum` (a running total in parentheses), `end` (the trace stopped early),
@@ -11,6 +12,12 @@ through Tandem's own stages and prompts, with the reasoning stage's request (pro
 the pipeline sends it, greedy (as the trained checkpoints' generation config decodes), on held-out
 items. The last line is JSON:
 `{"benchmark": "trace_errors", "role", "tier", "n", "exact", "first_wrong": {step: count}}`.
+
+`--direct` (count items): the model's direct answer instead (the direct prompt, as `mutual`'s first
+stage sends it) and, with `--reasoning`'s answer beside it, how far each lands from the true count —
+an answer one off is an estimate, not a misreading. JSON: `{"benchmark": "count_offsets", "role",
+"n", "direct": {offset: count}, "reasoning": {offset: count}}` (offset = answer − truth; "other" for
+an answer that is not a number).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import asyncio
 import json
 import os
 
+from benchmarks.datasets import LETTERS
 from benchmarks.grid import PALETTE, TIERS, GridItem, grid_items
 
 
@@ -59,6 +67,43 @@ def traces(config, role: str, items: list[GridItem]) -> list[str]:
     return [asyncio.run(one(item)) for item in items]
 
 
+def answers(runner, role: str, items: list[GridItem], reasoning: bool) -> list[str]:
+    """Each item's final answer from one role (`runner`: an InProcess over the config): direct — the
+    direct prompt, as `mutual`'s first stage sends it — or after the role's own reasoning (its
+    reasoning policy through the pipeline)."""
+    from tandem import prompts
+    from tandem.pipeline import Pipeline
+    from tandem.schemas import AskRequest
+
+    if reasoning:
+        pipeline, policy = Pipeline(runner.config, runner.stages), "large_reasoning" if role == "large" else "small"
+        return [asyncio.run(pipeline.answer(AskRequest(question=item.prompt(), images=[item.image], policy=policy,
+                                                       request_id=f"t{i}"))).answer.strip()
+                for i, item in enumerate(items)]
+    fmt = getattr(runner.config, role).reasoning_format
+
+    async def one(item):
+        feats = await runner.stages.encode([item.image], role)
+        return (await runner._generate(role, prompts.direct_prompt(item.prompt(), 1, fmt), feats)).text.strip()
+
+    return [asyncio.run(one(item)) for item in items]
+
+
+def offsets(items: list[GridItem], texts: list[str]) -> dict[str, int]:
+    """answer − true count per item, counted, nearest first ("other": neither a number nor an option
+    letter)."""
+    out: dict[str, int] = {}
+    for item, text in zip(items, texts):
+        word = text.strip().rstrip(".")
+        if word in LETTERS[: len(item.options)]:
+            word = item.options[LETTERS.index(word)]
+        truth = int(item.options[LETTERS.index(item.answer)])
+        key = str(int(word) - truth) if word.isdigit() else "other"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] == "other", abs(int(kv[0])) if kv[0] != "other" else 0,
+                                                    kv[0])))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--role", choices=["small", "large"], default="small")
@@ -67,7 +112,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config", help="YAML with Tandem args or a serve config; default: the trained pair")
     ap.add_argument("--show", type=int, default=3, help="print this many wrong traces beside the program's")
+    ap.add_argument("--direct", action="store_true",
+                    help="count items: how far the direct answers (and the reasoning ones) land from the count")
     args = ap.parse_args(argv)
+    if args.direct and args.tier != "count":
+        ap.error("--direct compares counts: use it with --tier count")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from tandem.cli import read_tandem_args
     from tandem.config import load_tandem_config
@@ -75,6 +124,17 @@ def main(argv=None) -> int:
     config = load_tandem_config(read_tandem_args(args.config))
     pool = grid_items(args.n * 8, seed=args.seed)
     items = [it for it in pool if it.tier == args.tier][: args.n]
+    if args.direct:
+        from benchmarks.strategies import InProcess
+
+        runner = InProcess(config)
+        found = {kind: offsets(items, answers(runner, args.role, items, reasoning=kind == "reasoning"))
+                 for kind in ("direct", "reasoning")}
+        for kind, offs in found.items():
+            print(f"{args.role} {kind} on {len(items)} held-out count items: answer − count "
+                  + ", ".join(f"{k}: {v}" for k, v in offs.items()))
+        print(json.dumps({"benchmark": "count_offsets", "role": args.role, "n": len(items), **found}))
+        return 0
     counts: dict[str, int] = {}
     exact, shown = 0, 0
     for item, text in zip(items, traces(config, args.role, items)):

@@ -1,6 +1,6 @@
 """benchmarks.trace_errors: a trace's first wrong word is classed by the step that wrote it."""
 
-from benchmarks.grid import grid_item
+from benchmarks.grid import grid_item, grid_items
 from benchmarks.trace_errors import first_wrong
 
 COMPOSE = "row 2: blue 9 (9) orange 7 (6) blue 9 (5) blue 9 (4). total 4."
@@ -19,3 +19,14 @@ def test_the_programs_own_traces_are_right_to_the_end():
     for seed in range(30):
         item = grid_item(seed)
         assert first_wrong(item.trace, item.trace) is None
+
+
+def test_count_answers_are_placed_by_how_far_they_land_from_the_count():
+    from benchmarks.datasets import LETTERS
+    from benchmarks.trace_errors import offsets
+
+    items = [it for it in grid_items(80, seed=0) if it.tier == "count"][:4]
+    truth = [int(it.options[LETTERS.index(it.answer)]) for it in items]
+    # exact; one over; the right option's letter; not a number
+    texts = [str(truth[0]), f"{truth[1] + 1}.", items[2].answer, "red"]
+    assert offsets(items, texts) == {"0": 2, "1": 1, "other": 1}
