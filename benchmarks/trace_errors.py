@@ -14,10 +14,10 @@ items. The last line is JSON:
 `{"benchmark": "trace_errors", "role", "tier", "n", "exact", "first_wrong": {step: count}}`.
 
 `--direct` (count items): the model's direct answer instead (the direct prompt, as `mutual`'s first
-stage sends it) and, with `--reasoning`'s answer beside it, how far each lands from the true count —
-an answer one off is an estimate, not a misreading. JSON: `{"benchmark": "count_offsets", "role",
-"n", "direct": {offset: count}, "reasoning": {offset: count}}` (offset = answer − truth; "other" for
-an answer that is not a number).
+stage sends it) and, beside it, its answer after its own reasoning: how far each lands from the true
+count — an answer one off is an estimate, not a misreading. JSON: `{"benchmark": "count_offsets",
+"role", "n", "direct": {offset: count}, "reasoning": {offset: count}}` (offset = answer − truth;
+"other" for an answer that is neither a number nor an option letter).
 """
 
 from __future__ import annotations
