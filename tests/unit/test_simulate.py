@@ -310,7 +310,7 @@ def test_an_open_loop_replays_given_send_times():
 def test_the_open_loop_sends_on_its_schedule_even_when_the_client_lags():
     """Each send is due at a fixed time from the start: a client busy between sends (here 3 ms of
     blocking work against a mean gap of 2 ms) sends late, but sends every request the rate scheduled —
-    the loop that slept each gap after a send offered a sixth less than its rate near saturation."""
+    the loop that slept each gap after a send offered 6 % less than its rate near saturation."""
     import asyncio
     import random
     import time
