@@ -14,7 +14,9 @@ then:
    items' own workload (the paths and stage sizes the concurrency-1 loop's answers reported) — fed by
    that profile and the same config, with the replicas sharing the machine's cores (`--host-cores`,
    default: all of them);
-4. a table: measured vs simulated throughput and p50, and whether each is within `--tolerance`.
+4. a table: measured vs simulated throughput and p50, and whether each is within `--tolerance`;
+   beside them the app's CPU per answered request over each load against the profile's figure for
+   as many in flight (the loads of a run that ran at one speed sit together).
 Writes results/sim-check-*/{sim_check.json,profile.json} and ends with one JSON line.
 """
 
@@ -32,6 +34,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.client import ROOT, LocalApps, item_body, poisson_sends
+from benchmarks.cpu_per_request import app_processes, cpu_seconds
 from benchmarks.grid import grid_items
 from benchmarks.metrics import percentile
 from benchmarks.simulate import Profile, Workload, settings_from_config, simulate
@@ -66,7 +69,8 @@ async def closed_loop(url: str, items: list[dict], concurrency: int, duration_s:
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
-    return {**_summary(records, start + 0.1 * duration_s, start + duration_s), "workload": traces.workload()}
+    return {**_summary(records, start + 0.1 * duration_s, start + duration_s), "workload": traces.workload(),
+            "answered": sum(1 for status, _, _ in records if status == 200)}
 
 
 async def open_loop(url: str, items: list[dict], rate: float, duration_s: float, seed: int) -> dict:
@@ -79,6 +83,7 @@ async def open_loop(url: str, items: list[dict], rate: float, duration_s: float,
     # The send times, for the simulator to replay: a minute of Poisson arrivals near saturation is a
     # draw (which bursts come when), and the two should be compared on the same one.
     return {**open_loop_summary(records, start, duration_s), "workload": traces.workload(),
+            "answered": sum(1 for _, (status, _, _) in records if status == 200),
             "offered_rps": round(len(records) / duration_s, 3),
             "arrivals_s": [round(sent - start, 6) for sent, _ in records]}
 
@@ -107,6 +112,7 @@ def _summary(records, window_start: float, window_end: float) -> dict:
     for status, _, _ in records:
         statuses[str(status)] = statuses.get(str(status), 0) + 1
     return {"throughput_rps": round(len(counted) / (window_end - window_start), 3),
+            "mean_ms": round(sum(counted) / len(counted), 1) if counted else math.nan,
             "p50_ms": round(percentile(counted, 50), 1), "p95_ms": round(percentile(counted, 95), 1),
             "requests": len(records), "statuses": statuses}
 
@@ -114,6 +120,19 @@ def _summary(records, window_start: float, window_end: float) -> dict:
 def _brief(m: dict) -> dict:
     return {**{k: v for k, v in m.items() if k not in ("workload", "arrivals_s")}, "transfer_rate": m["workload"]["transfer_rate"],
             "degraded": m["workload"]["degraded"]}
+
+
+def expected_cpu_ms(profile: Profile, in_flight: float) -> float | None:
+    """The app's CPU per request the profile predicts with `in_flight` requests at once: its figure
+    for one, its figure for its busier count, linear between and flat beyond (as the simulator
+    charges it). None without a measured CPU."""
+    alone = profile.cpu_ms_per_request
+    if not alone:
+        return None
+    if not profile.cpu_busy or profile.cpu_busy[0] <= 1:
+        return alone
+    count, busy = profile.cpu_busy
+    return alone + (busy - alone) * min(max(in_flight - 1, 0.0) / (count - 1), 1.0)
 
 
 def within(measured: float, simulated: float, tolerance: float) -> tuple[float, bool]:
@@ -152,13 +171,25 @@ def main(argv=None) -> int:
                                      app_requests=20 if args.quick else 60,
                                      vision_wait_s=settings["VisionEncoder"].batch_wait_s)
         print_profile(profile_dict)
+        # Every process's CPU over each load, per answered request: beside the profile's figure for
+        # as many in flight, it says whether the machine ran the load at the profile's speed (this
+        # shared VM's speed moves by a third within minutes; benchmarks/README.md, runs 16-22).
+        processes = app_processes()
+
+        def with_cpu(load_coro) -> dict:
+            before = cpu_seconds(processes)
+            m = asyncio.run(load_coro)
+            after = cpu_seconds(processes)
+            m["cpu_ms_per_request"] = round(sum(after[k] - before[k] for k in before) / max(1, m["answered"]) * 1000, 1)
+            return m
+
         loads = [("closed", int(c)) for c in args.concurrency.split(",")]
         for kind, load in loads:
-            m = asyncio.run(closed_loop(app.url, items, load, duration))
+            m = with_cpu(closed_loop(app.url, items, load, duration))
             points.append({"kind": kind, "load": load, "measured": m})
             print(f"measured closed c={load}: {_brief(m)}", flush=True)
         rate = round(args.open_fraction * points[-1]["measured"]["throughput_rps"], 2)
-        m = asyncio.run(open_loop(app.url, items, rate, duration, seed=3))
+        m = with_cpu(open_loop(app.url, items, rate, duration, seed=3))
         points.append({"kind": "open", "load": rate, "measured": m})
         print(f"measured open {rate} req/s: {_brief(m)}", flush=True)
 
@@ -184,16 +215,22 @@ def main(argv=None) -> int:
         pt["throughput_error"], t_ok = within(m["throughput_rps"], s["throughput_rps"], args.tolerance)
         pt["p50_error"], p_ok = within(m["p50_ms"], s["p50_ms"], args.tolerance)
         pt["within"] = t_ok and p_ok
+        # In flight: the clients for a closed loop; by Little's law for the open one.
+        in_flight = pt["load"] if pt["kind"] == "closed" else m["throughput_rps"] * m["mean_ms"] / 1000
+        expected = expected_cpu_ms(profile, in_flight)
+        pt["cpu_vs_profile"] = round(m["cpu_ms_per_request"] / expected, 2) if expected else None
         rows.append(pt)
     ok = all(pt["within"] for pt in rows)
 
-    print(f"\n{'load':<16} {'xfer':>5} {'meas rps':>9} {'sim rps':>8} {'err':>7} {'meas p50':>9} {'sim p50':>8} {'err':>7}  ok")
+    print(f"\n{'load':<16} {'xfer':>5} {'meas rps':>9} {'sim rps':>8} {'err':>7} {'meas p50':>9} {'sim p50':>8} {'err':>7}"
+          f"  ok   cpu/req vs profile")
     for pt in rows:
         m, s = pt["measured"], pt["simulated"]
         label = f"closed c={pt['load']}" if pt["kind"] == "closed" else f"open {m['offered_rps']:.1f}/s"
         print(f"{label:<16} {m['workload']['transfer_rate']:>5.0%} {m['throughput_rps']:>9.2f} {s['throughput_rps']:>8.2f} "
               f"{pt['throughput_error']:>+7.1%} {m['p50_ms']:>9.1f} {s['p50_ms']:>8.1f} {pt['p50_error']:>+7.1%}  "
-              f"{'yes' if pt['within'] else 'NO'}")
+              f"{'yes' if pt['within'] else 'NO ':<3}  {m['cpu_ms_per_request']:.0f} ms "
+              f"({pt['cpu_vs_profile'] or float('nan'):.2f}x)")
     out = Path(args.out) / f"sim-check-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(profile_dict, indent=1))
@@ -207,7 +244,7 @@ def main(argv=None) -> int:
                                   "measured_rps": r["measured"]["throughput_rps"],
                                   "simulated_rps": r["simulated"]["throughput_rps"],
                                   "measured_p50_ms": r["measured"]["p50_ms"], "simulated_p50_ms": r["simulated"]["p50_ms"],
-                                  "within": r["within"]} for r in rows]}))
+                                  "cpu_vs_profile": r["cpu_vs_profile"], "within": r["within"]} for r in rows]}))
     return 0
 
 
