@@ -122,19 +122,6 @@ def _brief(m: dict) -> dict:
             "degraded": m["workload"]["degraded"]}
 
 
-def expected_cpu_ms(profile: Profile, in_flight: float) -> float | None:
-    """The app's CPU per request the profile predicts with `in_flight` requests at once: its figure
-    for one, its figure for its busier count, linear between and flat beyond (as the simulator
-    charges it). None without a measured CPU."""
-    alone = profile.cpu_ms_per_request
-    if not alone:
-        return None
-    if not profile.cpu_busy or profile.cpu_busy[0] <= 1:
-        return alone
-    count, busy = profile.cpu_busy
-    return alone + (busy - alone) * min(max(in_flight - 1, 0.0) / (count - 1), 1.0)
-
-
 def within(measured: float, simulated: float, tolerance: float) -> tuple[float, bool]:
     err = simulated / measured - 1 if measured else float("nan")
     return round(err, 3), abs(err) <= tolerance
@@ -217,7 +204,7 @@ def main(argv=None) -> int:
         pt["within"] = t_ok and p_ok
         # In flight: the clients for a closed loop; by Little's law for the open one.
         in_flight = pt["load"] if pt["kind"] == "closed" else m["throughput_rps"] * m["mean_ms"] / 1000
-        expected = expected_cpu_ms(profile, in_flight)
+        expected = profile.cpu_ms_at(in_flight)
         pt["cpu_vs_profile"] = round(m["cpu_ms_per_request"] / expected, 2) if expected else None
         rows.append(pt)
     ok = all(pt["within"] for pt in rows)

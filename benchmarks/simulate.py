@@ -84,6 +84,14 @@ class Curve:
         return max(self.floor, y)
 
 
+def by_in_flight(alone: float, busy: float, count: int, in_flight: float) -> float:
+    """A per-request cost measured with one request in flight (`alone`) and with `count` (`busy`), at
+    `in_flight`: linear between the two counts, flat beyond them."""
+    if count <= 1:
+        return alone
+    return alone + (busy - alone) * min(1.0, max(0.0, (in_flight - 1) / (count - 1)))
+
+
 @dataclass
 class Profile:
     """Per-stage service times (ms) of one deployment of the models: what `benchmarks.stage_profile`
@@ -121,6 +129,14 @@ class Profile:
                    cpu_busy=(int(d["cpu_ms_per_request_busy"]["concurrency"]),
                              float(sum(d["cpu_ms_per_request_busy"]["ms"].values())))
                    if d.get("cpu_ms_per_request_busy") else None)
+
+    def cpu_ms_at(self, in_flight: float) -> float | None:
+        """The app's CPU per request with `in_flight` requests at once, as the simulator charges it;
+        None where no CPU was measured (a GPU profile)."""
+        if not self.cpu_ms_per_request:
+            return None
+        busy, count = (self.cpu_busy[1], self.cpu_busy[0]) if self.cpu_busy else (self.cpu_ms_per_request, 1)
+        return by_in_flight(self.cpu_ms_per_request, busy, count, in_flight)
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -386,11 +402,8 @@ class Simulation:
 
     def _unaccounted_at(self, in_flight: int) -> float:
         """The unaccounted CPU of a request that arrives with `in_flight` requests in the app (itself
-        included): linear between the two measured counts, flat beyond them."""
-        alone, busy, n = self._unaccounted
-        if n <= 1:
-            return alone
-        return alone + (busy - alone) * min(1.0, max(0.0, (in_flight - 1) / (n - 1)))
+        included)."""
+        return by_in_flight(*self._unaccounted, in_flight)
 
     def on_assigned(self, pool: _Pool, job, replica: _Replica) -> None:
         now = self.env.now

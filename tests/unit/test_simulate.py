@@ -338,10 +338,8 @@ def test_the_open_loop_sends_on_its_schedule_even_when_the_client_lags():
 def test_the_check_compares_a_loads_cpu_with_the_profiles_for_as_many_in_flight():
     """sim_check's speed diagnostic: the profile's CPU per request at 1 in flight, at its busier
     count, linear between and flat beyond — as the simulator charges it."""
-    from benchmarks.sim_check import expected_cpu_ms
-
     p = Profile.from_dict({**profile_dict(), "cpu_ms_per_request": {"Router": 150.0, "proxy": 50.0},
                            "cpu_ms_per_request_busy": {"concurrency": 8, "ms": {"Router": 100.0, "proxy": 30.0}}})
-    assert expected_cpu_ms(p, 1) == 200.0 and expected_cpu_ms(p, 8) == 130.0 and expected_cpu_ms(p, 16) == 130.0
-    assert expected_cpu_ms(p, 4.5) == pytest.approx(200.0 - 70.0 * 3.5 / 7)
-    assert expected_cpu_ms(profile(), 4) is None  # no CPU measured (a GPU profile)
+    assert p.cpu_ms_at(1) == 200.0 and p.cpu_ms_at(8) == 130.0 and p.cpu_ms_at(16) == 130.0
+    assert p.cpu_ms_at(4.5) == pytest.approx(200.0 - 70.0 * 3.5 / 7)
+    assert profile().cpu_ms_at(4) is None  # no CPU measured (a GPU profile)
