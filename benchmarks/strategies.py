@@ -130,21 +130,21 @@ class InProcess:
         sampling = SamplingParams(max_tokens=self.config.limits.answer_max_tokens)
         return await getattr(self.stages, role)(GenerationRequest(prompt, feats, sampling))
 
-    def small_direct(self, item: Item, _i: int = 0) -> dict:
-        """The small model answering at once: `mutual`'s first stage on its own (encode with its
-        tower, then the direct prompt)."""
+    async def direct(self, role: str, item: Item):
+        """One role answering at once, as in `mutual`'s first stage: encode with its tower, then the
+        direct prompt."""
         from tandem import prompts
 
-        fmt = self.config.small.reasoning_format
+        feats = await self.stages.encode([item.image], role)
+        fmt = getattr(self.config, role).reasoning_format
+        return await self._generate(role, prompts.direct_prompt(item.prompt(), 1, fmt), feats)
 
-        async def one(item):
-            start = time.perf_counter()
-            feats = await self.stages.encode([item.image], "small")
-            out = await self._generate("small", prompts.direct_prompt(item.prompt(), 1, fmt), feats)
-            return record(item, out.text.strip(), (time.perf_counter() - start) * 1000,
-                          {"small_direct": out.completion_tokens}, "small_direct", 0)
-
-        return asyncio.run(one(item))
+    def small_direct(self, item: Item, _i: int = 0) -> dict:
+        """The small model answering at once: `mutual`'s first stage on its own."""
+        start = time.perf_counter()
+        out = asyncio.run(self.direct("small", item))
+        return record(item, out.text.strip(), (time.perf_counter() - start) * 1000,
+                      {"small_direct": out.completion_tokens}, "small_direct", 0)
 
     def corrupted_hints(self, items: list[Item]) -> dict:
         """How the large model answers a transfer prompt whose hint misreads one cell (grid items):

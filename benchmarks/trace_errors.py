@@ -71,7 +71,6 @@ def answers(runner, role: str, items: list[GridItem], reasoning: bool) -> list[s
     """Each item's final answer from one role (`runner`: an InProcess over the config): direct — the
     direct prompt, as `mutual`'s first stage sends it — or after the role's own reasoning (its
     reasoning policy through the pipeline)."""
-    from tandem import prompts
     from tandem.pipeline import Pipeline
     from tandem.schemas import AskRequest
 
@@ -80,13 +79,7 @@ def answers(runner, role: str, items: list[GridItem], reasoning: bool) -> list[s
         return [asyncio.run(pipeline.answer(AskRequest(question=item.prompt(), images=[item.image], policy=policy,
                                                        request_id=f"t{i}"))).answer.strip()
                 for i, item in enumerate(items)]
-    fmt = getattr(runner.config, role).reasoning_format
-
-    async def one(item):
-        feats = await runner.stages.encode([item.image], role)
-        return (await runner._generate(role, prompts.direct_prompt(item.prompt(), 1, fmt), feats)).text.strip()
-
-    return [asyncio.run(one(item)) for item in items]
+    return [asyncio.run(runner.direct(role, item)).text.strip() for item in items]
 
 
 def offsets(items: list[GridItem], texts: list[str]) -> dict[str, int]:
