@@ -6,7 +6,8 @@ An image is a G x G grid of flat-coloured cells, 32 px each, so one merged Qwen3
 with the option's text) in three tiers:
 
 - perceive (50 %): the colour of one cell, or whether a colour occurs at all;
-- count (25 %): how many cells have a colour;
+- count (25 %): how many cells have a colour (four neighbouring numbers, the count at any place
+  among them);
 - compose (25 %): several steps over cells — each colour has a value given in the question, and the
   answer is the sum of a row's values modulo 10. (Column sums are implemented but left out of the
   mix: a first small model read columns far worse than rows, which measured that, not reasoning.)
@@ -193,10 +194,14 @@ def _question(rng: random.Random, cells, tier: str) -> tuple[str, str, object, l
     return kind, question, target, pool
 
 
-def _count_pool(n: int, G: int) -> list[str]:
-    # Nearby numbers, as a real multiple-choice question would offer.
-    low = max(0, min(n - 3, G * G - 6))
-    return [str(k) for k in range(low, low + 7)]
+def _count_pool(rng: random.Random, n: int, G: int) -> list[str]:
+    """Four neighbouring numbers, as a real multiple-choice question would offer, with the count at a
+    uniformly drawn place among them. The pool used to be the seven numbers centred on the count, three
+    drawn from it beside the count: the option nearest the options' mean was then the count on 59.5 % of
+    held-out count items — answerable without looking — and both trained models' direct counts had
+    learned that instead of counting (README, the count options' leak)."""
+    low = rng.randint(max(0, n - 3), min(n, G * G - 3))
+    return [str(k) for k in range(low, low + 4)]
 
 
 def render(cells) -> bytes:
@@ -222,7 +227,7 @@ def grid_item(seed: int, tier: str | None = None, G: int = GRID_SIZE) -> GridIte
     cells = _cells(rng, G)
     kind, question, target, pool = _question(rng, cells, tier)
     answer = solve(cells, kind, target)
-    options, letter = _options(rng, answer, pool if pool is not None else _count_pool(int(answer), G))
+    options, letter = _options(rng, answer, pool if pool is not None else _count_pool(rng, int(answer), G))
     return GridItem(render(cells), question, options, letter, tier, cells=cells, kind=kind, target=target,
                     trace=reasoning_trace(cells, kind, target))
 

@@ -30,3 +30,19 @@ def test_count_answers_are_placed_by_how_far_they_land_from_the_count():
     # exact; one over; the right option's letter; not a number
     texts = [str(truth[0]), f"{truth[1] + 1}.", items[2].answer, "red"]
     assert offsets(items, texts) == {"0": 2, "1": 1, "other": 1}
+
+
+def test_the_options_rule_separates_reading_the_options_from_counting():
+    from benchmarks.datasets import LETTERS
+    from benchmarks.trace_errors import options_rule, rule_share
+
+    items = [it for it in grid_items(400, seed=0) if it.tier == "count"][:40]
+    truth = [it.options[LETTERS.index(it.answer)] for it in items]
+    rules = [options_rule(it) for it in items]
+    assert all(r in it.options for r, it in zip(rules, items))
+    assert 0 < sum(r == t for r, t in zip(rules, truth)) < len(items)  # fair options: right by chance only
+    counted = rule_share(items, truth)  # a model that counts
+    assert counted["answer_is_rule"] == counted["rule_right"]
+    assert counted["right_where_rule_wrong"] == counted["rule_wrong"] == sum(r != t for r, t in zip(rules, truth))
+    leaning = rule_share(items, rules)  # a model that reads the options
+    assert leaning["answer_is_rule"] == len(items) and leaning["right_where_rule_wrong"] == 0
