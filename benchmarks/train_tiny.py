@@ -31,7 +31,9 @@ pipeline sends the prompt and the model continues it:
   of read from the image — the counting step the large model's count traces missed. At 20 % one large
   run of three learned to count (its reasoning then beat its direct answers, 71.5 vs 48.5 %) but not
   to look a cell up directly; with a finishing mix (direct-heavy for the last 10 % of the steps,
-  `FINISH_MIX`, `--finish-mix`) the run did both: the shipped large model (README, levers on counting: LF01).
+  `FINISH_MIX`, `--finish-mix`) the run did both: the shipped large model (README, levers on counting: LF01);
+- census (`--mix ...,census=S`): "How many cells of each colour are there?" -> "blue 3, red 5, white 8."
+  straight from the image: every colour's direct count in one example (README, the count options' leak).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -97,6 +99,7 @@ FINISH_SHARE = 0.2  # default share of the steps a `--finish-mix` takes (at the 
 # Share of caption examples that read cells in a random order ("row 2, column 3: green." eight times)
 # instead of row by row: dense supervision of the random access a colour question needs.
 RANDOM_ACCESS_P = 0.0
+CENSUS_QUESTIONS = ("How many cells of each colour are there?", f"{PREAMBLE} Count the cells of each colour.")
 CAPTION_QUESTIONS = ("Describe the grid row by row.", f"{PREAMBLE} Read every cell, row by row, from the top left.")
 EOS = "<|im_end|>"
 
@@ -136,6 +139,8 @@ def render_example(item: GridItem, role: str, objective: str, tokenizer, rng: ra
     if objective == "tally":
         question, target = row_tally(item.cells, rng)
         return prompts.direct_prompt(question, 1, fmt), target + EOS
+    if objective == "census":
+        return prompts.direct_prompt(rng.choice(CENSUS_QUESTIONS), 1, fmt), census(item.cells) + EOS
     trace = corrupt_trace(item, rng)[0] if rng.random() < CORRUPT_P else item.trace
     return prompts.transfer_prompt(question, 1, excerpt(trace, tokenizer, rng), fmt), answer
 
@@ -175,6 +180,14 @@ def row_tally(cells, rng: random.Random) -> tuple[str, str]:
     colour = rng.choice(present_colours(cells))
     question = f"{PREAMBLE} The rows read: {caption(cells)} How many {colour} cells are there?"
     return question, reasoning_trace(cells, "count", colour)
+
+
+def census(cells) -> str:
+    """Every colour's count, read off the image at once ("blue 3, red 5, white 8."): a direct count of
+    each colour the grid shows, in one example — the one-pass count the direct answers need, several
+    times denser than a count question's single number."""
+    counts = {c: sum(row.count(c) for row in cells) for c in present_colours(cells) + [EMPTY]}
+    return ", ".join(f"{c} {n}" for c, n in counts.items() if n) + "."
 
 
 def task_corpus(n: int = 1500, seed: int = 0) -> list[str]:
@@ -533,7 +546,7 @@ def write_card(folder: Path, results: dict | None) -> None:
     (folder / "README.md").write_text("\n".join(card))
 
 
-OBJECTIVES = ("direct", "reason", "transfer", "caption", "lookup", "tally")
+OBJECTIVES = ("direct", "reason", "transfer", "caption", "lookup", "tally", "census")
 
 
 def parse_shares(known: tuple[str, ...]):

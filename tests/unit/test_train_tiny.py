@@ -124,6 +124,19 @@ def test_row_tallies_copy_the_written_rows_and_count_them_right():
         assert target.endswith(f" total {running}.") and running > 0  # the colour asked about is present
 
 
+def test_a_census_counts_every_colour_of_the_grid():
+    """The census objective: each colour the image shows, with its count recomputed here from the cells,
+    and nothing the grid lacks."""
+    from benchmarks.grid import grid_item
+    from benchmarks.train_tiny import census
+
+    for i in range(50):
+        cells = grid_item(i).cells
+        named = dict(part.split() for part in census(cells).rstrip(".").split(", "))
+        flat = [c for row in cells for c in row]
+        assert named == {c: str(flat.count(c)) for c in set(flat)}
+
+
 def test_the_mix_reads_first_and_finishes_with_the_finishing_mix():
     from benchmarks.train_tiny import mix_at
 
