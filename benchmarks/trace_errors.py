@@ -13,6 +13,10 @@ the pipeline sends it, greedy (as the trained checkpoints' generation config dec
 items. The last line is JSON:
 `{"benchmark": "trace_errors", "role", "tier", "n", "exact", "first_wrong": {step: count}}`.
 
+`--census`: the large model asked for every colour's count of each of `--n` held-out images at once
+(the `census` objective's question) — a one-pass count without a question to route it; JSON
+`{"benchmark": "census", "n", "colours", "right", "one_off"}` (white cells left out).
+
 `--direct` (count items): the model's direct answer instead (the direct prompt, as `mutual`'s first
 stage sends it) and, beside it, its answer after its own reasoning: how far each lands from the true
 count — an answer one off is an estimate, not a misreading. JSON: `{"benchmark": "count_offsets",
@@ -121,6 +125,38 @@ def rule_share(items: list[GridItem], texts: list[str]) -> dict[str, int]:
             "rule_wrong": sum(r != t for r, t in zip(rules, truths))}
 
 
+def census_counts(gold: str, text: str) -> tuple[int, int, int]:
+    """(colours, counted right, one off) of a census answer against the program's, white left out (the
+    empty cells): each colour's count, read off by name."""
+    def parse(census: str) -> dict[str, str]:
+        pairs = [part.split() for part in census.strip().rstrip(".").split(", ")]
+        return {p[0]: p[1] for p in pairs if len(p) == 2}
+
+    want, got = parse(gold), parse(text)
+    colours = [c for c in want if c in PALETTE and c != "white"]
+    right = sum(got.get(c) == want[c] for c in colours)
+    near = sum(got.get(c, "").isdigit() and abs(int(got[c]) - int(want[c])) == 1 for c in colours)
+    return len(colours), right, near
+
+
+def censuses(config, items: list[GridItem]) -> list[str]:
+    """Each image's census from the large model: the census question (`benchmarks.train_tiny`'s) in the
+    direct prompt, greedy, through Tandem's own stages."""
+    from benchmarks.strategies import InProcess
+    from benchmarks.train_tiny import CENSUS_QUESTIONS
+    from tandem import prompts
+    from tandem.schemas import GenerationRequest, SamplingParams
+
+    runner, fmt = InProcess(config), config.large.reasoning_format
+
+    async def one(item):
+        feats = await runner.stages.encode([item.image], "large")
+        prompt = prompts.direct_prompt(CENSUS_QUESTIONS[0], 1, fmt)
+        return (await runner.stages.large(GenerationRequest(prompt, feats, SamplingParams(max_tokens=40)))).text
+
+    return [asyncio.run(one(item)) for item in items]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--role", choices=["small", "large"], default="small")
@@ -131,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=3, help="print this many wrong traces beside the program's")
     ap.add_argument("--direct", action="store_true",
                     help="count items: how far the direct answers (and the reasoning ones) land from the count")
+    ap.add_argument("--census", action="store_true",
+                    help="the large model's census of each image (every colour's count at once): how many right")
     args = ap.parse_args(argv)
     if args.direct and args.tier != "count":
         ap.error("--direct compares counts: use it with --tier count")
@@ -139,6 +177,15 @@ def main(argv=None) -> int:
     from tandem.config import load_tandem_config
 
     config = load_tandem_config(read_tandem_args(args.config))
+    if args.census:
+        from benchmarks.train_tiny import census
+
+        items = grid_items(args.n, seed=args.seed)
+        found = [census_counts(census(it.cells), text) for it, text in zip(items, censuses(config, items))]
+        colours, right, near = (sum(f[k] for f in found) for k in range(3))
+        print(f"large census of {len(items)} held-out images: {right} of {colours} colour counts right, {near} one off")
+        print(json.dumps({"benchmark": "census", "n": len(items), "colours": colours, "right": right, "one_off": near}))
+        return 0
     pool = grid_items(args.n * 8, seed=args.seed)
     items = [it for it in pool if it.tier == args.tier][: args.n]
     if args.direct:

@@ -46,3 +46,12 @@ def test_the_options_rule_separates_reading_the_options_from_counting():
     assert counted["right_where_rule_wrong"] == counted["rule_wrong"] == sum(r != t for r, t in zip(rules, truth))
     leaning = rule_share(items, rules)  # a model that reads the options
     assert leaning["answer_is_rule"] == len(items) and leaning["right_where_rule_wrong"] == 0
+
+
+def test_a_census_answer_is_scored_per_colour_by_name():
+    from benchmarks.trace_errors import census_counts
+
+    gold = "blue 3, red 5, white 8."
+    assert census_counts(gold, gold) == (2, 2, 0)
+    assert census_counts(gold, "red 5, blue 4, white 7.") == (2, 1, 1)  # any order; one off is not right
+    assert census_counts(gold, "row 1: red red blue white.") == (2, 0, 0)  # a caption counts nothing
