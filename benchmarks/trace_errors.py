@@ -88,14 +88,18 @@ def answers(runner, role: str, items: list[GridItem], reasoning: bool) -> list[s
     return [asyncio.run(runner.direct(role, item)).text.strip() for item in items]
 
 
+def answer_word(item: GridItem, text: str) -> str:
+    """An answer as an option's text: an option letter read as its option."""
+    word = text.strip().rstrip(".")
+    return item.options[LETTERS.index(word)] if word in LETTERS[: len(item.options)] else word
+
+
 def offsets(items: list[GridItem], texts: list[str]) -> dict[str, int]:
     """answer − true count per item, counted, nearest first ("other": neither a number nor an option
     letter)."""
     out: dict[str, int] = {}
     for item, text in zip(items, texts):
-        word = text.strip().rstrip(".")
-        if word in LETTERS[: len(item.options)]:
-            word = item.options[LETTERS.index(word)]
+        word = answer_word(item, text)
         truth = int(item.options[LETTERS.index(item.answer)])
         key = str(int(word) - truth) if word.isdigit() else "other"
         out[key] = out.get(key, 0) + 1
@@ -116,8 +120,7 @@ def rule_share(items: list[GridItem], texts: list[str]) -> dict[str, int]:
     """How often the options' rule is right, how often the answers are the rule's, and how often they
     are right where the rule is wrong: the part of a direct count the options do not give away."""
     truths = [item.options[LETTERS.index(item.answer)] for item in items]
-    words = [text.strip().rstrip(".") for text in texts]
-    words = [it.options[LETTERS.index(w)] if w in LETTERS[: len(it.options)] else w for it, w in zip(items, words)]
+    words = [answer_word(item, text) for item, text in zip(items, texts)]
     rules = [options_rule(it) for it in items]
     return {"rule_right": sum(r == t for r, t in zip(rules, truths)),
             "answer_is_rule": sum(w == r for w, r in zip(words, rules)),
