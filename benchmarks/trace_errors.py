@@ -56,21 +56,29 @@ def step_of(word: str) -> str:
     return "value" if bare.isdigit() else bare
 
 
-def traces(config, role: str, items: list[GridItem]) -> list[str]:
+def completions(config, role: str, items: list[GridItem], prompt_of, sampling) -> list[str]:
+    """Each item's text from one role, greedy, through Tandem's own stages: its image encoded with the
+    role's tower, then `prompt_of(item, fmt)` decoded with `sampling`."""
     from benchmarks.strategies import InProcess
-    from tandem import prompts
-    from tandem.schemas import GenerationRequest, SamplingParams
+    from tandem.schemas import GenerationRequest
 
-    runner = InProcess(config)
-    fmt = getattr(config, role).reasoning_format
-    sampling = SamplingParams(max_tokens=config.limits.reasoning_max_tokens, stop=(prompts.reasoning_stop(fmt),))
+    runner, fmt = InProcess(config), getattr(config, role).reasoning_format
 
     async def one(item):
         feats = await runner.stages.encode([item.image], role)
-        prompt = prompts.reasoning_prompt(item.prompt(), 1, fmt)
-        return (await getattr(runner.stages, role)(GenerationRequest(prompt, feats, sampling))).text.strip()
+        return (await getattr(runner.stages, role)(GenerationRequest(prompt_of(item, fmt), feats, sampling))).text
 
     return [asyncio.run(one(item)) for item in items]
+
+
+def traces(config, role: str, items: list[GridItem]) -> list[str]:
+    from tandem import prompts
+    from tandem.schemas import SamplingParams
+
+    stop = (prompts.reasoning_stop(getattr(config, role).reasoning_format),)
+    sampling = SamplingParams(max_tokens=config.limits.reasoning_max_tokens, stop=stop)
+    texts = completions(config, role, items, lambda item, fmt: prompts.reasoning_prompt(item.prompt(), 1, fmt), sampling)
+    return [text.strip() for text in texts]
 
 
 def answers(runner, role: str, items: list[GridItem], reasoning: bool) -> list[str]:
@@ -145,19 +153,12 @@ def census_counts(gold: str, text: str) -> tuple[int, int, int]:
 def censuses(config, items: list[GridItem]) -> list[str]:
     """Each image's census from the large model: the census question (`benchmarks.train_tiny`'s) in the
     direct prompt, greedy, through Tandem's own stages."""
-    from benchmarks.strategies import InProcess
     from benchmarks.train_tiny import CENSUS_QUESTIONS
     from tandem import prompts
-    from tandem.schemas import GenerationRequest, SamplingParams
+    from tandem.schemas import SamplingParams
 
-    runner, fmt = InProcess(config), config.large.reasoning_format
-
-    async def one(item):
-        feats = await runner.stages.encode([item.image], "large")
-        prompt = prompts.direct_prompt(CENSUS_QUESTIONS[0], 1, fmt)
-        return (await runner.stages.large(GenerationRequest(prompt, feats, SamplingParams(max_tokens=40)))).text
-
-    return [asyncio.run(one(item)) for item in items]
+    return completions(config, "large", items, lambda _, fmt: prompts.direct_prompt(CENSUS_QUESTIONS[0], 1, fmt),
+                       SamplingParams(max_tokens=40))
 
 
 def main(argv=None) -> int:
