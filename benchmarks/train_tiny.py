@@ -464,16 +464,46 @@ def mix_text(mix: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.0%}" for k, v in mix.items())
 
 
+def stage_chain(facts: dict) -> list[dict]:
+    """A checkpoint's training stages, first to last: each --init-from run nests the facts of the
+    checkpoint it started from under `base`."""
+    chain = []
+    while facts:
+        chain.append(facts)
+        facts = facts.get("base")
+    return chain[::-1]
+
+
+def stage_command(role: str, stage: dict, later: bool) -> str:
+    """The train_tiny command line that reproduces one stage (a later one from BASE, the stage before)."""
+    shares = lambda d: ",".join(f"{k}={v}" for k, v in d.items())  # noqa: E731
+    parts = [f"python -m benchmarks.train_tiny --role {role} --threads {stage['threads']}"]
+    if stage["seed"]:
+        parts.append(f"--seed {stage['seed']}")
+    if later:
+        parts.append("--init-from BASE")
+    if later or (stage["steps"], stage["lr"]) != (DEFAULTS[role]["steps"], DEFAULTS[role]["lr"]):
+        parts.append(f"--steps {stage['steps']} --lr {stage['lr']}")
+    # An explicit --mix drops the role's finishing mix: name both whenever either is not the default.
+    if later or (stage["mix"], stage.get("finish_mix")) != (MIX[role], FINISH_MIX[role]):
+        parts.append(f"--mix {shares(stage['mix'])}")
+        if stage.get("finish_mix"):
+            parts.append(f"--finish-mix {shares(stage['finish_mix'])} --finish-share {stage['finish_share']}")
+    for flag, key in (("--direct-tiers", "direct_tiers"), ("--reason-tiers", "reason_tiers")):
+        if stage.get(key):
+            parts.append(f"{flag} {shares(stage[key])}")
+    return " ".join(parts)
+
+
 def write_card(folder: Path, results: dict | None) -> None:
     """README.md beside the weights: what the model is, what it learned from, how it scores."""
     facts = json.loads((folder / "training.json").read_text())
     role, text, vision = facts["role"], facts["sizes"]["text"], facts["sizes"]["vision"]
-    # A model trained on from another checkpoint (--init-from) is described stage by stage: the
-    # checkpoint it started from (`base`, its own facts), then what it trained on.
-    first, then = (facts["base"], facts) if facts.get("base") else (facts, None)
-    command = (f"python -m benchmarks.train_tiny --role {role} --threads {first['threads']}"
-               + (f" --seed {first['seed']}" if first["seed"] else ""))
-    minutes = (first["train_seconds"] + (then["train_seconds"] if then else 0)) / 60
+    # A model trained on from another checkpoint (--init-from) is described stage by stage, from the
+    # first (from scratch) to the last.
+    first, *later = stage_chain(facts)
+    minutes = sum(s["train_seconds"] for s in [first, *later]) / 60
+    old_options = [i + 1 for i, s in enumerate([first, *later]) if not s.get("count_options")]
     card = [f"# Tandem trained tiny Qwen3-VL: {ROLE_TITLES[role]}", "",
             "`Qwen3VLForConditionalGeneration` (the real architecture), trained from scratch on CPU on Tandem's "
             "synthetic grid task so that the paper's findings can be measured offline. Load it with "
@@ -490,11 +520,14 @@ def write_card(folder: Path, results: dict | None) -> None:
             "token per cell; multiple choice A-D answered with the option's text; tiers perceive 50 % "
             "(colour of a cell, is there a colour), count 25 %, compose 25 % (sum of a row of per-colour "
             "values, modulo 10). Programmatic reasoning traces."
-            + ("" if first.get("count_options") and (not then or then.get("count_options")) else
-               " Trained on count questions whose options were the count and three of the seven numbers centred "
-               "on it (until 2026-12-01): the option nearest the options' mean was the count on 61 % of count "
-               "items, and the direct counts learned that (main README, the count options' leak). The accuracy "
-               "below is on the task as it is now: four neighbouring numbers, the count at any place among them."),
+            + ("" if not old_options else
+               f" Stage{'s' if len(old_options) > 1 else ''} {', '.join(map(str, old_options))} trained on count "
+               "questions whose options were the count and three of the seven numbers centred on it (until "
+               "2026-12-01): the option nearest the options' mean was the count on 61 % of count items, and the "
+               "direct counts learned that (main README, the count options' leak)"
+               + ("; the later stages on the task as it is now" if len(old_options) < 1 + len(later) else "")
+               + ". The accuracy below is on the task as it is now: four neighbouring numbers, the count at any "
+               "place among them."),
             f"- {first['examples']:,} training examples ({first['steps']} steps x batch {first['batch_size']}), "
             f"one fresh item each (training item seeds < 2^40; held-out items start at 2^40).",
             f"- Curriculum: the first {first['read_first']:.0%} of the steps are captions only; then one objective "
@@ -504,11 +537,15 @@ def write_card(folder: Path, results: dict | None) -> None:
                if first.get("finish_mix") else "")
             + (f"; {first['corrupt_hint_p']:.0%} of transfer hints misread one cell (target: the true answer)."
                if first.get("corrupt_hint_p") else ".")]
-    if then:
-        card.append(f"- Then trained on from that checkpoint: {then['steps']} steps x batch {then['batch_size']} "
-                    f"({then['examples']:,} examples, items from the start of the same training stream), peak LR "
-                    f"{then['lr']}, mix: "
-                    f"{mix_text(then['mix'])}.")
+    for n, stage in enumerate(later, 2):
+        card.append(f"- Stage {n}, trained on from stage {n - 1}'s checkpoint: {stage['steps']} steps x batch "
+                    f"{stage['batch_size']} ({stage['examples']:,} examples, items from the start of the same "
+                    f"training stream), peak LR {stage['lr']}, mix: {mix_text(stage['mix'])}"
+                    + (f"; the last {stage['finish_share']:.0%} from: {mix_text(stage['finish_mix'])}"
+                       if stage.get("finish_mix") else "")
+                    + "".join(f"; {name} tiers: {mix_text(stage[key])}" for name, key in
+                              (("direct-answer", "direct_tiers"), ("reasoning", "reason_tiers")) if stage.get(key))
+                    + ".")
     card += [f"- Reasoning format: `{facts['reasoning_format']}`. Prompts: `tandem/prompts.py`, fingerprint "
              f"`{facts['prompt_fingerprint']}` (a test fails when the templates change: retrain then).", "",
              "## Training", "",
@@ -519,15 +556,16 @@ def write_card(folder: Path, results: dict | None) -> None:
              f"{' (batches made in a second process)' if first.get('data_workers') else ''} on the "
              f"2-core development machine{' (' + first['note'] + ')' if first.get('note') else ''}; loss "
              f"{first['loss_first']} (first 50 steps) -> {first['loss_last']} (last 50)."
-             + (f" Then {then['train_seconds'] / 60:.1f} min more (a fresh AdamW with the same settings, warm-up "
-                f"and cosine over its own steps): loss {then['loss_first']} -> {then['loss_last']}; "
-                f"{minutes:.1f} min in all." if then else ""), "",
-             (f"Reproduce, at commit {first['code_commit']} ({first['code_note']}): `{command}`"
-              if first.get("code_commit") else f"Reproduce: `{command}`")
-             + (f"; then, with BASE that checkpoint ({then.get('base_note', then['init_from'])}): "
-                f"`python -m benchmarks.train_tiny --role {role} --threads {then['threads']} --init-from BASE "
-                f"--steps {then['steps']} --lr {then['lr']} --mix {','.join(f'{k}={v}' for k, v in then['mix'].items())}`"
-                if then else ""), ""]
+             + (" Each later stage: a fresh AdamW with the same settings, warm-up and cosine over its own steps; "
+                + "; ".join(f"stage {n} {s['train_seconds'] / 60:.1f} min, loss {s['loss_first']} -> {s['loss_last']}"
+                            for n, s in enumerate(later, 2))
+                + f"; {minutes:.1f} min in all." if later else ""), "",
+             (f"Reproduce, at commit {first['code_commit']} ({first['code_note']}): `{stage_command(role, first, False)}`"
+              if first.get("code_commit") else f"Reproduce: `{stage_command(role, first, False)}`")
+             + "".join(f"; then stage {n}, with BASE the stage before"
+                       + (f" ({s['base_note']})" if s.get("base_note") else "")
+                       + (f", at commit {s['code_commit']}" if s.get("code_commit") else "")
+                       + f": `{stage_command(role, s, True)}`" for n, s in enumerate(later, 2)), ""]
     if results:
         card += ["## Accuracy (held-out grid items, through Tandem's own pipeline)", "",
                  f"`python -m benchmarks.strategies --dataset grid --n {results['n']}` "

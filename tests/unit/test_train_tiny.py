@@ -1,6 +1,7 @@
 """Training the tiny pair: the models must learn exactly the strings the pipeline sends (rendered by
 tandem/prompts.py, tokenized the way the engine tokenizes them), and a short run must learn."""
 
+import json
 import random
 
 import pytest
@@ -57,13 +58,13 @@ def test_a_short_run_learns_and_saves_a_loadable_checkpoint(tmp_path, tokenizer)
     assert model.config.text_config.hidden_size == 64 and (tmp_path / "small" / "training.json").exists()
 
 
-def test_training_on_from_a_checkpoint_starts_from_its_weights_and_cards_both_stages(tmp_path, tokenizer):
-    """--init-from: the shipped small model is the cb96055 one trained on with the lookup drill; the
-    second stage must start from the first's weights and tokenizer, and its card describe both."""
+def test_training_on_from_a_checkpoint_starts_from_its_weights_and_cards_every_stage(tmp_path, tokenizer):
+    """--init-from: the shipped models were trained in stages, each from the one before; a stage must
+    start from the previous one's weights and tokenizer, and the card give every stage's command."""
     import torch
     from safetensors.torch import load_file
 
-    from benchmarks.train_tiny import write_card
+    from benchmarks.train_tiny import stage_chain, write_card
 
     train("small", tmp_path / "a" / "small", steps=6, lr=3e-3, batch_size=4, tokenizer=tokenizer, progress=False)
     facts = train("small", tmp_path / "b" / "small", steps=2, lr=1e-12, batch_size=4, progress=False,
@@ -72,10 +73,14 @@ def test_training_on_from_a_checkpoint_starts_from_its_weights_and_cards_both_st
     a, b = (load_file(tmp_path / d / "small" / "model.safetensors") for d in "ab")
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)  # lr ~0: unchanged
     assert (tmp_path / "a" / "small" / "tokenizer.json").read_text() == (tmp_path / "b" / "small" / "tokenizer.json").read_text()
-    write_card(tmp_path / "b" / "small", None)
-    card = (tmp_path / "b" / "small" / "README.md").read_text()
-    assert "6 steps x batch 4" in card and "Then trained on from that checkpoint: 2 steps" in card
-    assert "--init-from BASE --steps 2" in card and "lookup=0.5" in card
+    train("small", tmp_path / "c" / "small", steps=3, lr=1e-3, batch_size=4, progress=False, read_first=0.0,
+          init_from=str(tmp_path / "b" / "small"), mix={"direct": 0.5, "census": 0.5}, direct_tiers={"perceive": 1.0})
+    assert [s["steps"] for s in stage_chain(json.loads((tmp_path / "c" / "small" / "training.json").read_text()))] == [6, 2, 3]
+    write_card(tmp_path / "c" / "small", None)
+    card = (tmp_path / "c" / "small" / "README.md").read_text()
+    assert "6 steps x batch 4" in card and "Stage 2, trained on from stage 1's checkpoint: 2 steps" in card
+    assert "--init-from BASE --steps 2 --lr 1e-12 --mix reason=0.5,lookup=0.5`" in card
+    assert "--init-from BASE --steps 3 --lr 0.001 --mix direct=0.5,census=0.5 --direct-tiers perceive=1.0`" in card
 
 
 def test_value_sums_are_written_as_compose_traces_and_are_right():
