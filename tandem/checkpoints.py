@@ -10,6 +10,7 @@ Same seed, same bytes. `resolve_model_ref("tiny:small")` builds one on first use
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -218,6 +219,14 @@ def save_checkpoint(out_dir, model, processor, tokenizer) -> Path:
     processor.save_pretrained(out)
     tokenizer.chat_template = processor.chat_template
     tokenizer.save_pretrained(out)
+    # A tokenizer that was itself loaded (training on from a checkpoint) echoes how it was loaded
+    # into its config; that describes the copy, not the tokenizer, and would pin offline loading.
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    if {"is_local", "local_files_only"} & set(config):
+        for key in ("is_local", "local_files_only"):
+            config.pop(key, None)
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     write_video_processor_config(out, processor.image_processor)
     return out
 

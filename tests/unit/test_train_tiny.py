@@ -73,6 +73,9 @@ def test_training_on_from_a_checkpoint_starts_from_its_weights_and_cards_every_s
     a, b = (load_file(tmp_path / d / "small" / "model.safetensors") for d in "ab")
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)  # lr ~0: unchanged
     assert (tmp_path / "a" / "small" / "tokenizer.json").read_text() == (tmp_path / "b" / "small" / "tokenizer.json").read_text()
+    # ...and its tokenizer config the same too: not how this copy was loaded (offline, from a path).
+    assert (json.loads((tmp_path / "a" / "small" / "tokenizer_config.json").read_text())
+            == json.loads((tmp_path / "b" / "small" / "tokenizer_config.json").read_text()))
     train("small", tmp_path / "c" / "small", steps=3, lr=1e-3, batch_size=4, progress=False, read_first=0.0,
           init_from=str(tmp_path / "b" / "small"), mix={"direct": 0.5, "census": 0.5}, direct_tiers={"perceive": 1.0})
     assert [s["steps"] for s in stage_chain(json.loads((tmp_path / "c" / "small" / "training.json").read_text()))] == [6, 2, 3]
@@ -152,7 +155,7 @@ def test_the_mix_reads_first_and_finishes_with_the_finishing_mix():
 
 
 def test_the_large_model_finishes_direct_heavy_by_default_and_a_given_mix_runs_to_the_end():
-    """The shipped large model's recipe (README, levers: LF01) is its role's default; the levers'
+    """The shipped large model's first-stage recipe (benchmarks/LEVERS.md: LF01) is its role's default; the levers'
     recorded `--mix` commands, which had no finish, must still reproduce."""
     from benchmarks.train_tiny import FINISH_MIX, mix_at, role_schedule
 
