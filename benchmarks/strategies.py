@@ -312,6 +312,10 @@ def findings(runs: dict[str, list[dict]], rows: dict[str, dict]) -> dict:
                 "perceive_count_large_minus_small": round(acc("large", easy) - acc("small", easy), 3),
                 "token_ratio_large_to_small": round(tokens["large"] / max(tokens["small"], 1e-9), 3)},
          "F3": {"gap_recovered": round((acc("mutual") - acc("large")) / gap, 3) if gap > 0 else None,
+                # The ratio divides by this gap; when it is a few points it is inside the rows' intervals
+                # and the ratio is noise, whatever it says (README, F3).
+                "gap_large_reasoning_minus_large": round(gap, 3),
+                "gap_inside_large_reasoning_ci95": rows["large_reasoning"]["accuracy_ci95"][0] <= acc("large"),
                 "p50_ratio_mutual_to_large_reasoning": round(rows["mutual"]["p50_ms"] / rows["large_reasoning"]["p50_ms"], 3),
                 "compose_always_minus_large": round(acc("always", ("compose",)) - acc("large", ("compose",)), 3)}}
     f["F1"]["met"] = f["F1"]["small_minus_small_direct"] >= 0.25 and f["F1"]["token_ratio"] >= 5
