@@ -199,7 +199,7 @@ def _count_pool(rng: random.Random, n: int, G: int) -> list[str]:
     uniformly drawn place among them. The pool used to be the seven numbers centred on the count, three
     drawn from it beside the count: the option nearest the options' mean was then the count on 61 % of
     held-out count items — answerable without looking — and both trained models' direct counts had
-    learned that instead of counting (README, the count options' leak)."""
+    learned that instead of counting (benchmarks/LEVERS.md, the count options' leak)."""
     low = rng.randint(max(0, n - 3), min(n, G * G - 3))
     return [str(k) for k in range(low, low + 4)]
 

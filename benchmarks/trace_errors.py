@@ -118,7 +118,7 @@ def offsets(items: list[GridItem], texts: list[str]) -> dict[str, int]:
 def options_rule(item: GridItem) -> str:
     """The option nearest the mean of the options (the lower on a tie): an answer read off the options
     alone. With the count at the middle of its option pool it was the count on 61 % of count items,
-    and the trained models' direct counts had learned it (README, the count options' leak)."""
+    and the trained models' direct counts had learned it (benchmarks/LEVERS.md, the count options' leak)."""
     values = sorted(int(o) for o in item.options)
     mean = sum(values) / len(values)
     return str(min(values, key=lambda v: abs(v - mean)))

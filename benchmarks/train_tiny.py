@@ -26,14 +26,17 @@ pipeline sends the prompt and the model continues it:
   image — eight value copies and running sums per example. From scratch at 20 % one run's compose
   answers after reasoning went 25 -> 71 %, but it lost its count traces; in a second stage on the
   trained small model (`--init-from`, 500 steps at 30 %) it lifted the compose traces and kept the
-  rest: the shipped small model (README, levers on the small model's compose traces);
+  rest: the shipped small model's second stage (benchmarks/LEVERS.md, levers on the small model's
+  compose traces);
 - tally (the large model's; `--mix ...,tally=0.2`): a count trace over rows written in the text instead
   of read from the image — the counting step the large model's count traces missed. At 20 % one large
   run of three learned to count (its reasoning then beat its direct answers, 71.5 vs 48.5 %) but not
   to look a cell up directly; with a finishing mix (direct-heavy for the last 10 % of the steps,
-  `FINISH_MIX`, `--finish-mix`) the run did both: the shipped large model (README, levers on counting: LF01);
+  `FINISH_MIX`, `--finish-mix`) the run did both: the shipped large model's first stage
+  (benchmarks/LEVERS.md, levers on counting: LF01);
 - census (`--mix ...,census=S`): "How many cells of each colour are there?" -> "blue 3, red 5, white 8."
-  straight from the image: every colour's direct count in one example (README, the count options' leak).
+  straight from the image: every colour's direct count in one example; it taught the shipped large
+  model to count in one pass (benchmarks/LEVERS.md, the count options' leak).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -80,7 +83,7 @@ MIX = {"small": {"direct": 0.3, "reason": 0.6, "caption": 0.1},
        "large": {"direct": 0.2, "reason": 0.4, "transfer": 0.15, "caption": 0.05, "tally": 0.2}}
 # The large model's last 10 % of steps: direct-heavy. Its mix learns to count (the tally objective at
 # 20 %: its reasoning then beats its direct answers) but not to look a cell up directly; the finish
-# adds that without unlearning the counting (README, levers on counting: LF01; with the last 15 or
+# adds that without unlearning the counting (benchmarks/LEVERS.md, levers on counting: LF01; with the last 15 or
 # 25 % the count traces fell apart).
 FINISH_MIX = {"small": None,
               "large": {"direct": 0.5, "reason": 0.25, "transfer": 0.1, "caption": 0.05, "tally": 0.1}}
@@ -90,7 +93,7 @@ FINISH_MIX = {"small": None,
 # caption-only steps. Steps are sized to 12-15 min per role on one core of this 2-core machine.
 # The large model takes twice the optimizer steps at half the batch (the same examples): at 2,000
 # steps x 32 it never learned to look a named cell up (direct answers 35 % on held-out items); at
-# 4,000 x 16 it did (65 %, perceive 86 %), but not reliably: two of five such runs made it (README, levers).
+# 4,000 x 16 it did (65 %, perceive 86 %), but not reliably: two of five such runs made it (benchmarks/LEVERS.md).
 DEFAULTS = {"small": dict(steps=3000, lr=3e-3, read_first=0.2, batch_size=32),
             "large": dict(steps=4000, lr=3e-3, read_first=0.25, batch_size=16, finish_share=0.1)}
 COUNT_OPTIONS = "four neighbours, the count at a uniform place"  # recorded per run (benchmarks/grid.py)
@@ -524,7 +527,7 @@ def write_card(folder: Path, results: dict | None) -> None:
                f" Stage{'s' if len(old_options) > 1 else ''} {', '.join(map(str, old_options))} trained on count "
                "questions whose options were the count and three of the seven numbers centred on it (until "
                "2026-12-01): the option nearest the options' mean was the count on 61 % of count items, and the "
-               "direct counts learned that (main README, the count options' leak)"
+               "direct counts learned that (benchmarks/LEVERS.md, the count options' leak)"
                + ("; the later stages on the task as it is now" if len(old_options) < 1 + len(later) else "")
                + ". The accuracy below is on the task as it is now: four neighbouring numbers, the count at any "
                "place among them."),
@@ -564,7 +567,8 @@ def write_card(folder: Path, results: dict | None) -> None:
               if first.get("code_commit") else f"Reproduce: `{stage_command(role, first, False)}`")
              + "".join(f"; then stage {n}, with BASE the stage before"
                        + (f" ({s['base_note']})" if s.get("base_note") else "")
-                       + (f", at commit {s['code_commit']}" if s.get("code_commit") else "")
+                       + (f", at commit {s['code_commit']}" + (f" ({s['code_note']})" if s.get("code_note") else "")
+                          if s.get("code_commit") else "")
                        + f": `{stage_command(role, s, True)}`" for n, s in enumerate(later, 2)), ""]
     if results:
         card += ["## Accuracy (held-out grid items, through Tandem's own pipeline)", "",
@@ -576,6 +580,15 @@ def write_card(folder: Path, results: dict | None) -> None:
             card += [f"- {k}: {'met' if v['met'] else 'NOT met'} — "
                      + ", ".join(f"{n} {x}" for n, x in v.items() if n != "met") for k, v in results["findings"].items()]
             card.append("")
+            rows = {r["name"]: r for r in results["rows"]}
+            if {"large", "large_reasoning"} <= set(rows):
+                large, lr = rows["large"], rows["large_reasoning"]
+                gap = lr["accuracy"] - large["accuracy"]
+                if lr["accuracy_ci95"][0] <= large["accuracy"]:
+                    card += [f"F3's ratio divides by the gap between `large_reasoning` and `large`: {gap:.1%} here, "
+                             "inside `large_reasoning`'s 95 % interval, so the ratio is noise whatever it says — the "
+                             "large model's own reasoning is barely a ceiling above its direct answers (main README, "
+                             "F3).", ""]
         if role == "large" and results.get("corrupted_hints"):
             h = results["corrupted_hints"]["all"]
             card += [f"Given a hint that misreads one cell (and so points at a wrong option), this model followed it "
@@ -615,7 +628,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, help="default: per role (small 3000, large 4000)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1, as the shipped pair: another count rounds floats otherwise "
-                         "and gives other weights; for the large model, a worse one, see the README's levers)")
+                         "and gives other weights; for the large model, a worse one, see benchmarks/LEVERS.md)")
     ap.add_argument("--data-workers", type=int, choices=[0, 1], default=1,
                     help="processes that draw and tokenize the next batches while a step trains (default 1: "
                          "the second core; 0: inline, the same weights, slower)")
