@@ -223,9 +223,10 @@ def save_checkpoint(out_dir, model, processor, tokenizer) -> Path:
     # into its config; that describes the copy, not the tokenizer, and would pin offline loading.
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
-    if {"is_local", "local_files_only"} & set(config):
-        for key in ("is_local", "local_files_only"):
-            config.pop(key, None)
+    stale = {"is_local", "local_files_only"} & set(config)
+    if stale:
+        for key in stale:
+            del config[key]
         config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     write_video_processor_config(out, processor.image_processor)
     return out
