@@ -227,3 +227,75 @@ def test_batches_made_in_a_worker_process_are_the_ones_made_inline(tokenizer):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="workers is 0 or 1"):
         batch_stream(None, 1, 1, None, workers=2)
+
+
+def test_the_answer_only_loss_is_the_full_logits_loss(tokenizer):
+    """answer_loss projects only the target positions onto the vocabulary; it must be the same loss."""
+    import torch
+
+    from benchmarks.train_tiny import TRAINED_SIZES, Batcher, answer_loss, sequence_mean_loss
+    from tandem.checkpoints import new_tiny
+
+    torch.manual_seed(0)
+    model, processor, tok = new_tiny(TRAINED_SIZES["small"], tokenizer, 0)
+    batcher = Batcher("small", tok, processor.image_processor, model.config.image_token_id, seed=3)
+    for objective in ("direct", "reason"):
+        batcher.mix = {objective: 1.0}
+        batch = batcher.batch(4)
+        labels = batch.pop("labels")
+        full = sequence_mean_loss(model(**batch).logits, labels)
+        assert torch.allclose(answer_loss(model, batch, labels), full, atol=1e-5), objective
+
+
+def test_a_schedule_is_checked_before_training(tmp_path, capsys):
+    from benchmarks.train_tiny import load_schedule, main
+
+    good = [{"steps": 3, "lr": 1e-3, "mix": {"caption": 1.0}},
+            {"steps": 2, "lr": 5e-4, "mix": {"direct": 1.0}, "direct_tiers": {"count": 1.0}}]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(good))
+    phases = load_schedule(path)
+    assert [p["steps"] for p in phases] == [3, 2] and phases[0]["direct_tiers"] is None
+    for bad, message in ((good[:1] + [{"steps": 2, "lr": 1e-3, "mix": {"think": 1.0}}], "unknown objectives"),
+                         ([{"steps": 2, "lr": 1e-3, "mix": {"direct": 1.0}, "epochs": 2}], "unknown keys"),
+                         ([{"steps": 0, "lr": 1e-3, "mix": {"direct": 1.0}}], "needs steps"),
+                         ([{"steps": 2, "lr": 1e-3, "mix": {"direct": 1.0}, "reason_tiers": {"hard": 1}}],
+                          "unknown tiers"), ([], "non-empty")):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message):
+            load_schedule(path)
+    path.write_text(json.dumps(good))
+    with pytest.raises(SystemExit):
+        main(["--role", "small", "--schedule", str(path), "--steps", "5"])
+    assert "drop --steps" in capsys.readouterr().err
+
+
+def test_a_chained_run_switches_mix_and_tiers_by_phase_and_cards_every_phase(tmp_path, tokenizer):
+    """--schedule: one run from scratch whose phases are what stages were; each phase's batches follow its
+    own mix and tiers, and the card and the reproduce command name the schedule."""
+    from benchmarks.train_tiny import TRAINED_SIZES, Batcher, batch_stream, phase_of, stage_command, write_card
+    from tandem.checkpoints import new_tiny
+
+    phases = [{"steps": 6, "lr": 3e-3, "read_first": 0.5, "mix": {"direct": 1.0}, "finish_mix": None,
+               "finish_share": None, "reason_tiers": None, "direct_tiers": None},
+              {"steps": 4, "lr": 1e-3, "read_first": 0.0, "mix": {"direct": 1.0}, "finish_mix": None,
+               "finish_share": None, "reason_tiers": None, "direct_tiers": {"count": 1.0}}]
+    assert [phase_of(phases, s) for s in (0, 5, 6, 9)] == [(0, 0), (0, 5), (1, 0), (1, 3)]
+    with pytest.raises(IndexError):
+        phase_of(phases, 10)
+    model, processor, tok = new_tiny(TRAINED_SIZES["small"], tokenizer, 0)
+    batcher = Batcher("small", tok, processor.image_processor, model.config.image_token_id, seed=1)
+    plan = lambda step: ({"direct": 1.0}, {"direct": {"count": 1.0}} if step >= 2 else {})  # noqa: E731
+    texts = [tok.decode(b["input_ids"][0]) for b, _ in batch_stream(batcher, 4, 2, plan, workers=0)]
+    assert "How many" in texts[2] and "How many" in texts[3]
+
+    facts = train("small", tmp_path / "small", steps=1, lr=1.0, batch_size=4, tokenizer=tokenizer, progress=False,
+                  phases=phases, schedule_file="S.json")
+    assert facts["steps"] == 10 and facts["examples"] == 40 and len(facts["phases"]) == 2
+    assert all(p["loss_first"] > 0 for p in facts["phases"])
+    write_card(tmp_path / "small", None)
+    card = (tmp_path / "small" / "README.md").read_text()
+    assert "One run in 2 phases (`--schedule S.json`)" in card and "Phase 2: 4 steps, peak LR 0.001" in card
+    assert "direct-answer tiers: count 100%" in card
+    assert stage_command("small", facts, False) == (f"python -m benchmarks.train_tiny --role small "
+                                                    f"--threads {facts['threads']} --schedule S.json")
