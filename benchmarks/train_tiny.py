@@ -586,6 +586,12 @@ def stage_command(role: str, stage: dict, later: bool) -> str:
     return " ".join(parts)
 
 
+def tiers_text(settings: dict) -> str:
+    """The tier mixes a stage or phase set, as card text ("; direct-answer tiers: ...")."""
+    return "".join(f"; {name} tiers: {mix_text(settings[key])}" for name, key in
+                   (("direct-answer", "direct_tiers"), ("reasoning", "reason_tiers")) if settings.get(key))
+
+
 def phase_lines(run: dict) -> list[str]:
     """Card lines for a run chained in phases (`--schedule`): what each later phase trained on."""
     phases = run.get("phases") or []
@@ -596,8 +602,7 @@ def phase_lines(run: dict) -> list[str]:
              + ", ".join(f"{p['loss_first']} -> {p['loss_last']}" for p in phases) + "."]
     for n, p in enumerate(phases[1:], 2):
         lines.append(f"- Phase {n}: {p['steps']} steps, peak LR {p['lr']}, mix: {mix_text(p['mix'])}"
-                     + "".join(f"; {name} tiers: {mix_text(p[key])}" for name, key in
-                               (("direct-answer", "direct_tiers"), ("reasoning", "reason_tiers")) if p.get(key))
+                     + tiers_text(p)
                      + ".")
     return lines
 
@@ -654,8 +659,7 @@ def write_card(folder: Path, results: dict | None) -> None:
                     f"training stream), peak LR {stage['lr']}, mix: {mix_text(stage['mix'])}"
                     + (f"; the last {stage['finish_share']:.0%} from: {mix_text(stage['finish_mix'])}"
                        if stage.get("finish_mix") else "")
-                    + "".join(f"; {name} tiers: {mix_text(stage[key])}" for name, key in
-                              (("direct-answer", "direct_tiers"), ("reasoning", "reason_tiers")) if stage.get(key))
+                    + tiers_text(stage)
                     + ".")
     card += [f"- Reasoning format: `{facts['reasoning_format']}`. Prompts: `tandem/prompts.py`, fingerprint "
              f"`{facts['prompt_fingerprint']}` (a test fails when the templates change: retrain then).", "",
