@@ -304,28 +304,20 @@ def init_vision_positions(model) -> None:
         table.copy_(grid.reshape(side * side, dim) * (2 ** 0.5))
 
 
-def fast_vision(model) -> None:
-    """Two cheaper equivalents inside the vision tower, for training only (the saved weights and the
-    serving path are untouched); together 10 % off a small model's step (0.276 -> 0.248 s on the same
-    reasoning batches, steps interleaved in one process):
-    - the patch embedding as one matrix product: a Conv3d whose kernel is its stride is one, and the
-      mkldnn convolution with its backward took 12 % of a small model's step. The same function to
-      float rounding (4e-6 on a batch), so not the same weights bit for bit as the convolution;
-    - attention over a batch's images in one call: Qwen3-VL's SDPA path calls attention once per
-      image per block (64 of a small model's 67 calls a step); training images share one size, so
-      they stack as a batch — the same weights bit for bit. Images of several sizes take the loop."""
+def batch_vision_attention(model) -> None:
+    """Attention over a batch's images in one call, for training only (the saved weights and the
+    serving path are untouched): Qwen3-VL's SDPA path calls attention once per image per block (64 of
+    a small model's 67 attention calls a step); training images share one size, so they stack as a
+    batch. The same weights bit for bit (a test holds the outputs equal), 3 % off a small model's step
+    (0.276 -> 0.269 s, the same batches, steps interleaved in one process). Images of several sizes
+    take the loop. Not done: the patch convolution as one matrix product, 7 % more — the same function
+    to float rounding only, and the small model's schedule run with it learned no count traces
+    (benchmarks/LEVERS.md, training time, sF): these runs hang on rounding."""
     import types
 
     import torch.nn.functional as F
     from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision
 
-    embed = model.model.visual.patch_embed
-
-    def patch_forward(hidden_states):
-        weight = embed.proj.weight
-        return F.linear(hidden_states.to(weight.dtype), weight.view(weight.shape[0], -1), embed.proj.bias)
-
-    embed.forward = patch_forward
     for block in model.model.visual.blocks:
         loop = block.attn.forward
 
@@ -507,7 +499,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
         init_vision_positions(model)
         base = None
-    fast_vision(model)
+    batch_vision_attention(model)
     batcher = Batcher(role, tokenizer, processor.image_processor, model.config.image_token_id,
                       seed=seed * 2 + (role == "large"), reason_tiers=reason_tiers, direct_tiers=direct_tiers)
     model.train()
@@ -551,7 +543,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers,  # None: the task's own mix
              **({"direct_tiers": direct_tiers} if direct_tiers else {}),
              "finish_mix": finish_mix, "finish_share": finish_share if finish_mix else None,
-             "random_access_p": RANDOM_ACCESS_P, "vision_fast_path": True,  # fast_vision: see its docstring
+             "random_access_p": RANDOM_ACCESS_P,
              "corrupt_hint_p": CORRUPT_P if "transfer" in mix else None,
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
