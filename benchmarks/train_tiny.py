@@ -558,7 +558,6 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             {**p, "loss_first": round(sum(losses[e - p["steps"]:e - p["steps"] + 50]) / min(50, p["steps"]), 4),
              "loss_last": round(sum(losses[max(e - 50, e - p["steps"]):e]) / min(50, p["steps"]), 4)}
             for p, e in zip(phases, ends)])
-        facts["loss_last"] = round(sum(losses[-window:]) / window, 4)
     if init_from:
         # The checkpoint trained on (its own facts, nested): a card describes both stages.
         facts["init_from"], facts["base"] = init_from, base
