@@ -478,19 +478,13 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     import transformers
     from tqdm import tqdm
 
-    if phases:
-        first = phases[0]
-        steps, lr, read_first, mix = first["steps"], first["lr"], first["read_first"], first["mix"]
-        finish_mix, finish_share = first["finish_mix"], first["finish_share"]
-        reason_tiers, direct_tiers = first["reason_tiers"], first["direct_tiers"]
-    mix, finish_mix, finish_share = role_schedule(role, mix, finish_mix, finish_share)
     if not phases:
         phases = [dict(steps=steps, lr=lr, read_first=read_first, mix=mix, finish_mix=finish_mix,
                        finish_share=finish_share, reason_tiers=reason_tiers, direct_tiers=direct_tiers)]
-    else:
-        phases = [{**p, "finish_share": role_schedule(role, p["mix"], p["finish_mix"], p["finish_share"])[2]}
-                  for p in phases]
-    total = sum(p["steps"] for p in phases)
+    phases = [{**p, **dict(zip(("mix", "finish_mix", "finish_share"),
+                               role_schedule(role, p["mix"], p["finish_mix"], p["finish_share"])))}
+              for p in phases]
+    first, total = phases[0], sum(p["steps"] for p in phases)
     torch.manual_seed(seed)
     if init_from:
         model, processor, tokenizer, base = from_checkpoint(init_from)
@@ -501,7 +495,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         base = None
     batch_vision_attention(model)
     batcher = Batcher(role, tokenizer, processor.image_processor, model.config.image_token_id,
-                      seed=seed * 2 + (role == "large"), reason_tiers=reason_tiers, direct_tiers=direct_tiers)
+                      seed=seed * 2 + (role == "large"), reason_tiers=first["reason_tiers"],
+                      direct_tiers=first["direct_tiers"])
     model.train()
     losses, start, items = [], time.perf_counter(), 0
 
@@ -532,19 +527,20 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
     model.eval()
     seconds = time.perf_counter() - start
-    window = max(1, min(50, steps // 5))
+    window = max(1, min(50, first["steps"] // 5))
     save_checkpoint(out, model, processor, tokenizer)
-    facts = {"role": role, "reasoning_format": FORMATS[role], "steps": steps, "batch_size": batch_size,
-             "examples": steps * batch_size, "items": items, "lr": lr, "seed": seed,
+    facts = {"role": role, "reasoning_format": FORMATS[role], "steps": first["steps"], "batch_size": batch_size,
+             "examples": first["steps"] * batch_size, "items": items, "lr": first["lr"], "seed": seed,
              "bf16_autocast": bf16, "threads": torch.get_num_threads(), "data_workers": data_workers,
              "train_seconds": round(seconds, 1), "cpu": cpu_facts(), "transformers": transformers.__version__,
              "parameters": sum(p.numel() for p in model.parameters()),
              "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
-             "read_first": read_first, "mix": mix, "reason_tiers": reason_tiers,  # None: the task's own mix
-             **({"direct_tiers": direct_tiers} if direct_tiers else {}),
-             "finish_mix": finish_mix, "finish_share": finish_share if finish_mix else None,
+             "read_first": first["read_first"], "mix": first["mix"],
+             "reason_tiers": first["reason_tiers"],  # None: the task's own mix
+             **({"direct_tiers": first["direct_tiers"]} if first["direct_tiers"] else {}),
+             "finish_mix": first["finish_mix"], "finish_share": first["finish_share"] if first["finish_mix"] else None,
              "random_access_p": RANDOM_ACCESS_P,
-             "corrupt_hint_p": CORRUPT_P if "transfer" in mix else None,
+             "corrupt_hint_p": CORRUPT_P if "transfer" in first["mix"] else None,
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),
