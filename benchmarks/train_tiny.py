@@ -261,7 +261,8 @@ class Batcher:
 
 
 def batch_stream(batcher: Batcher, steps: int, batch_size: int, schedule, workers: int):
-    """The run's batches in step order, each with the count of items drawn so far, made `workers` (0 or 1)
+    """The run's batches in step order (`schedule(step)` -> (mix, tiers)), each with the count of items
+    drawn so far, made `workers` (0 or 1)
     processes away: with one, the next batches are drawn, rendered and tokenized on the second core while
     the first trains. One producer in step order draws the same random stream as the loop did inline, so
     the weights are the same bit for bit (checked on a whole large-model run), and the training process's
@@ -274,8 +275,7 @@ def batch_stream(batcher: Batcher, steps: int, batch_size: int, schedule, worker
     class Stream(IterableDataset):
         def __iter__(self):
             for step in range(steps):
-                plan = schedule(step)  # a mix, or (mix, tiers) where the tiers change by phase
-                batcher.mix, batcher.tiers = plan if isinstance(plan, tuple) else (plan, batcher.tiers)
+                batcher.mix, batcher.tiers = schedule(step)  # the tiers change by phase, as the mix does
                 yield batcher.batch(batch_size), batcher.next_item
 
     if workers not in (0, 1):

@@ -218,7 +218,7 @@ def test_batches_made_in_a_worker_process_are_the_ones_made_inline(tokenizer):
 
     def batches(workers):
         batcher = Batcher("large", tok, processor.image_processor, model.config.image_token_id, seed=1)
-        schedule = lambda step: {"caption": 1.0} if step < 2 else MIX["large"]  # noqa: E731
+        schedule = lambda step: ({"caption": 1.0} if step < 2 else MIX["large"], {})  # noqa: E731
         return list(batch_stream(batcher, 6, 3, schedule, workers=workers))
 
     inline, worker = batches(0), batches(1)
