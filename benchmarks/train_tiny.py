@@ -219,12 +219,21 @@ class Batcher:
     tokens a step for the large model)."""
 
     def __init__(self, role: str, tokenizer, image_processor, image_token_id: int, seed: int,
-                 reason_tiers: dict[str, float] | None = None, direct_tiers: dict[str, float] | None = None):
+                 reason_tiers: dict[str, float] | None = None, direct_tiers: dict[str, float] | None = None,
+                 shard: tuple[int, int] = (0, 1)):
         self.role, self.tok, self.proc, self.image_token_id = role, tokenizer, image_processor, image_token_id
         self.tiers = {"reason": reason_tiers, "direct": direct_tiers}
         self.rng = random.Random(seed)
         self.seed, self.next_item = seed, 0
         self.mix = MIX[role]  # batch_stream sets it per step
+        # Sharded (one training process of several, `shard` = (rank, world)): every rank draws each
+        # batch's objective from the same stream, and its own rows (its share of the batch's item
+        # indices) from a stream of its own, so no rank makes another's rows. Unsharded, both come from
+        # one stream, in the order they always did.
+        self.rank, self.world = shard
+        self.pick = self.rng
+        if self.world > 1:
+            self.pick, self.rng = random.Random(seed), random.Random(f"{seed}/{self.rank}")
 
     def example(self, objective: str):
         tier = None
@@ -239,8 +248,16 @@ class Batcher:
     def batch(self, size: int) -> dict:
         import torch
 
-        objective = self.rng.choices(list(self.mix), weights=list(self.mix.values()))[0]
-        rows = [self.example(objective) for _ in range(size)]
+        objective = self.pick.choices(list(self.mix), weights=list(self.mix.values()))[0]
+        if self.world == 1:
+            rows = [self.example(objective) for _ in range(size)]
+        else:
+            if size % self.world:
+                raise ValueError(f"a batch of {size} does not split into {self.world} equal shards")
+            first, local = self.next_item, size // self.world
+            self.next_item += self.rank * local
+            rows = [self.example(objective) for _ in range(local)]
+            self.next_item = first + size
         pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
         grid = pix["image_grid_thw"]
         ids, labels = [], []
@@ -281,7 +298,7 @@ def batch_stream(batcher: Batcher, steps: int, batch_size: int, schedule, worker
     if workers not in (0, 1):
         raise ValueError("one producer keeps the batches in step order: workers is 0 or 1")
     return DataLoader(Stream(), batch_size=None, num_workers=workers, generator=torch.Generator(),
-                      **({"prefetch_factor": 4} if workers else {}))
+                      **({"prefetch_factor": 4, "multiprocessing_context": "fork"} if workers else {}))
 
 
 def init_vision_positions(model) -> None:
@@ -468,15 +485,19 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
           direct_tiers: dict[str, float] | None = None,
           finish_mix: dict[str, float] | None = None, finish_share: float | None = None,
           init_from: str | None = None, data_workers: int = 1, phases: list[dict] | None = None,
-          schedule_file: str | None = None) -> dict:
+          schedule_file: str | None = None, procs: int = 1, rank: int = 0, port: int = 0) -> dict | None:
     """Train one role — from scratch, or on from the checkpoint `init_from` (its weights and tokenizer) —
     and save it to out; returns the facts for its model card. `phases` (a `--schedule`) chains stages in
     one run: each phase is what a later stage was (its steps, peak LR, mix and tiers, a fresh AdamW, its
     own warm-up and cosine), on from the phase before without a checkpoint between; the other
-    settings then come from the first phase."""
+    settings then come from the first phase. `procs` > 1 trains data-parallel in that many processes
+    (one core each, `rank` 0 this one): each takes its share of every batch's rows and the gradients
+    are averaged before each step; rank 0 saves and returns the facts, the others return None."""
     import torch
     import transformers
     from tqdm import tqdm
+
+    settings = {k: v for k, v in locals().items() if k not in ("torch", "transformers", "tqdm")}
 
     if not phases:
         phases = [dict(steps=steps, lr=lr, read_first=read_first, mix=mix, finish_mix=finish_mix,
@@ -485,6 +506,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
                                role_schedule(role, p["mix"], p["finish_mix"], p["finish_share"])))}
               for p in phases]
     first, total = phases[0], sum(p["steps"] for p in phases)
+    if procs < 1 or batch_size % procs:
+        raise ValueError(f"a batch of {batch_size} does not split into {procs} equal shares")
     torch.manual_seed(seed)
     if init_from:
         model, processor, tokenizer, base = from_checkpoint(init_from)
@@ -493,10 +516,15 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
         init_vision_positions(model)
         base = None
+    children = []
+    if procs > 1:
+        if rank == 0:
+            children, port = start_ranks({**settings, "tokenizer": None if init_from else tokenizer})
+        join_ranks(model, rank, procs, port)
     batch_vision_attention(model)
     batcher = Batcher(role, tokenizer, processor.image_processor, model.config.image_token_id,
                       seed=seed * 2 + (role == "large"), reason_tiers=first["reason_tiers"],
-                      direct_tiers=first["direct_tiers"])
+                      direct_tiers=first["direct_tiers"], shard=(rank, procs))
     model.train()
     losses, start, items = [], time.perf_counter(), 0
 
@@ -507,7 +535,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
                 {"reason": p["reason_tiers"], "direct": p["direct_tiers"]})
 
     stream = batch_stream(batcher, total, batch_size, workers=data_workers, schedule=plan)
-    bar = tqdm(stream, total=total, desc=f"train {role}", disable=not progress, mininterval=2)
+    bar = tqdm(stream, total=total, desc=f"train {role}", disable=not progress or rank > 0, mininterval=2)
     for step, (batch, items) in enumerate(bar):
         phase, at = phase_of(phases, step)
         p = phases[phase]
@@ -520,6 +548,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             loss = answer_loss(model, batch, labels)
         optim.zero_grad(set_to_none=True)
         loss.backward()
+        if procs > 1:
+            loss = average_gradients(model, loss, procs)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
         losses.append(loss.item())
@@ -527,11 +557,22 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
     model.eval()
     seconds = time.perf_counter() - start
+    if procs > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        for process in children:
+            process.join()
+            if process.exitcode:
+                raise RuntimeError(f"a training process exited with {process.exitcode}")
+        if rank:
+            return None
     window = max(1, min(50, first["steps"] // 5))
     save_checkpoint(out, model, processor, tokenizer)
     facts = {"role": role, "reasoning_format": FORMATS[role], "steps": first["steps"], "batch_size": batch_size,
              "examples": first["steps"] * batch_size, "items": items, "lr": first["lr"], "seed": seed,
              "bf16_autocast": bf16, "threads": torch.get_num_threads(), "data_workers": data_workers,
+             **({"procs": procs} if procs > 1 else {}),
              "train_seconds": round(seconds, 1), "cpu": cpu_facts(), "transformers": transformers.__version__,
              "parameters": sum(p.numel() for p in model.parameters()),
              "sizes": {k: v for k, v in TRAINED_SIZES[role].items() if k != "thinking"},
@@ -559,6 +600,64 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         facts["init_from"], facts["base"] = init_from, base
     (Path(out) / "training.json").write_text(json.dumps(facts, indent=1) + "\n")
     return facts
+
+
+def start_ranks(settings: dict) -> list:
+    """Ranks 1.. of a data-parallel run, each a spawned process running `train` with these settings
+    and the threads of this one; (processes, the port they meet on)."""
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:  # a free port for the ranks to meet on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    children = []
+    for rank in range(1, settings["procs"]):
+        process = context.Process(target=_rank_main, args=({**settings, "rank": rank, "port": port},
+                                                          torch.get_num_threads()))
+        process.start()
+        children.append(process)
+    return children, port
+
+
+def _rank_main(settings: dict, threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    train(**settings)
+
+
+def join_ranks(model, rank: int, world: int, port: int) -> None:
+    """Meet the other ranks and start from rank 0's weights (the same seed made the same ones; this
+    makes sure)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(minutes=10))
+    for p in model.parameters():
+        dist.broadcast(p.data, 0)
+
+
+def average_gradients(model, loss, world: int):
+    """Every rank's gradients (and loss) averaged in one all-reduce: each rank's loss is the mean over
+    its equal share of the batch's rows, so the average is the whole batch's loss and gradient."""
+    import torch
+    import torch.distributed as dist
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1)])
+    dist.all_reduce(flat)
+    flat /= world
+    at = 0
+    for g in grads:
+        g.copy_(flat[at:at + g.numel()].view_as(g))
+        at += g.numel()
+    return flat[-1]
 
 
 ROLE_TITLES = {"small": "small reasoner (think-tags reasoning, like Qwen3-VL-2B-Thinking)",
@@ -596,6 +695,8 @@ def stage_command(role: str, stage: dict, later: bool) -> str:
     """The train_tiny command line that reproduces one stage (a later one from BASE, the stage before)."""
     shares = lambda d: ",".join(f"{k}={v}" for k, v in d.items())  # noqa: E731
     parts = [f"python -m benchmarks.train_tiny --role {role} --threads {stage['threads']}"]
+    if stage.get("procs", 1) > 1:
+        parts.append(f"--procs {stage['procs']}")
     if stage["seed"]:
         parts.append(f"--seed {stage['seed']}")
     if stage.get("phases"):
@@ -697,7 +798,9 @@ def write_card(folder: Path, results: dict | None) -> None:
              f"gradient clip 1.0, {'bf16 autocast' if first['bf16_autocast'] else 'fp32'}, seed {first['seed']}; "
              f"per-sequence mean cross-entropy on the answer side only; vision position table started as a 2D "
              f"sin-cos grid. {first['train_seconds'] / 60:.1f} min with {first['threads']} torch thread(s)"
-             f"{' (batches made in a second process)' if first.get('data_workers') else ''} on the "
+             + (f" in each of {first['procs']} data-parallel processes (each on its share of every batch's rows, "
+                f"the gradients averaged)" if first.get("procs", 1) > 1 else "")
+             + f"{' (batches made in a second process)' if first.get('data_workers') else ''} on the "
              f"2-core development machine{' (' + first['note'] + ')' if first.get('note') else ''}; loss "
              f"{first['loss_first']} (first 50 steps) -> {first['loss_last']} (last 50)."
              + (" Each later stage: a fresh AdamW with the same settings, warm-up and cosine over its own steps; "
@@ -767,9 +870,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1, as the shipped pair: another count rounds floats otherwise "
                          "and gives other weights; for the large model, a worse one, see benchmarks/LEVERS.md)")
-    ap.add_argument("--data-workers", type=int, choices=[0, 1], default=1,
+    ap.add_argument("--data-workers", type=int, choices=[0, 1],
                     help="processes that draw and tokenize the next batches while a step trains (default 1: "
-                         "the second core; 0: inline, the same weights, slower)")
+                         "the second core; 0: inline, the same weights, slower; with --procs 2 the default is "
+                         "0: both cores train)")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="training processes, data-parallel (default 1; 2: one per core of this machine, "
+                         "each on half of every batch: other float rounding and other rows than one process)")
     ap.add_argument("--lr", type=float, help="peak learning rate; default per role")
     ap.add_argument("--batch-size", type=int, help="default: per role (small 32, large 16)")
     ap.add_argument("--seed", type=int, default=0)
@@ -831,8 +938,9 @@ def main(argv=None) -> int:
                       batch_size=args.batch_size or d["batch_size"], seed=args.seed,
                       tokenizer=tokenizer, bf16=args.bf16, mix=args.mix,
                       reason_tiers=args.reason_tiers, direct_tiers=args.direct_tiers, finish_mix=args.finish_mix,
-                      finish_share=args.finish_share, init_from=args.init_from, data_workers=args.data_workers,
-                      phases=phases, schedule_file=args.schedule)
+                      finish_share=args.finish_share, init_from=args.init_from,
+                      data_workers=(1 if args.procs == 1 else 0) if args.data_workers is None else args.data_workers,
+                      phases=phases, schedule_file=args.schedule, procs=args.procs)
         write_card(Path(args.out) / role, None)
         print(json.dumps(facts))
     return 0

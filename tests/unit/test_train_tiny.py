@@ -7,7 +7,7 @@ import random
 import pytest
 
 from benchmarks.grid import grid_item, grid_items, train_seed
-from benchmarks.train_tiny import FORMATS, MIX, build_task_tokenizer, render_example, train
+from benchmarks.train_tiny import FORMATS, MIX, build_task_tokenizer, render_example, train, write_card
 from tandem import prompts
 
 
@@ -330,3 +330,102 @@ def test_a_chained_run_switches_mix_and_tiers_by_phase_and_cards_every_phase(tmp
     assert "direct-answer tiers: count 100%" in card
     assert stage_command("small", facts, False) == (f"python -m benchmarks.train_tiny --role small "
                                                     f"--threads {facts['threads']} --schedule S.json")
+
+
+def test_shards_take_disjoint_rows_of_each_batch_with_the_batchs_one_objective(tokenizer, monkeypatch):
+    """Data-parallel ranks must train on one batch between them: the same objective, each its own
+    share of the batch's item indices, none twice; and one unsharded process its old stream."""
+    from benchmarks.train_tiny import TRAINED_SIZES, Batcher
+    from tandem.checkpoints import new_tiny
+
+    model, processor, tok = new_tiny(TRAINED_SIZES["small"], tokenizer, 0)
+    drawn = []
+    real = Batcher.example
+
+    def example(self, objective):
+        drawn.append((self.rank, objective, self.next_item))
+        return real(self, objective)
+
+    monkeypatch.setattr(Batcher, "example", example)
+    ranks = [Batcher("small", tok, processor.image_processor, model.config.image_token_id, seed=3, shard=(r, 2))
+             for r in range(2)]
+    for b in ranks:
+        b.mix = {"direct": 0.5, "reason": 0.3, "caption": 0.2}
+    for _ in range(6):
+        for b in ranks:
+            assert b.batch(4)["input_ids"].shape[0] == 2
+    assert [b.next_item for b in ranks] == [24, 24]
+    by_rank = [[(o, i) for r, o, i in drawn if r == rank] for rank in range(2)]
+    assert sorted(i for rows in by_rank for _, i in rows) == list(range(24))
+    for step in range(6):  # rank 0 rows 4k, 4k+1; rank 1 rows 4k+2, 4k+3; one objective per batch
+        rows = by_rank[0][2 * step:2 * step + 2] + by_rank[1][2 * step:2 * step + 2]
+        assert [i for _, i in rows] == [4 * step + k for k in range(4)]
+        assert len({o for o, _ in rows}) == 1
+    assert len({o for o, _ in by_rank[0]}) > 1  # the objectives do change from batch to batch
+    with pytest.raises(ValueError, match="equal shards"):
+        ranks[0].batch(3)
+
+
+def test_averaged_gradients_are_the_whole_batchs_gradient(tmp_path):
+    """Two ranks, each on half the rows, average to the gradient (and loss) of all the rows at once."""
+    import multiprocessing
+    import socket
+
+    import torch
+
+    from benchmarks.train_tiny import average_gradients
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 5), torch.randn(8, 1)
+
+    def loss_of(model, rows):
+        return ((model(x[rows]) - y[rows]) ** 2).mean()
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def rank_main(rank):
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        torch.manual_seed(1)
+        model = torch.nn.Linear(5, 1)
+        loss = loss_of(model, slice(4 * rank, 4 * rank + 4))
+        loss.backward()
+        loss = average_gradients(model, loss, 2)
+        torch.save({"loss": loss, "grads": [p.grad for p in model.parameters()]}, tmp_path / f"{rank}.pt")
+        dist.destroy_process_group()
+
+    context = multiprocessing.get_context("fork")
+    ranks = [context.Process(target=rank_main, args=(r,)) for r in range(2)]
+    for r in ranks:
+        r.start()
+    for r in ranks:
+        r.join(60)
+        assert r.exitcode == 0
+    torch.manual_seed(1)
+    model = torch.nn.Linear(5, 1)
+    whole = loss_of(model, slice(0, 8))
+    whole.backward()
+    for rank in range(2):
+        got = torch.load(tmp_path / f"{rank}.pt")
+        assert torch.allclose(got["loss"], whole.detach(), atol=1e-6)
+        for g, p in zip(got["grads"], model.parameters()):
+            assert torch.allclose(g, p.grad, atol=1e-6)
+
+
+def test_a_two_process_run_learns_and_says_so(tmp_path, tokenizer):
+    """The data-parallel path end to end: a spawned second rank, the gradients averaged, rank 0
+    saving a loadable checkpoint whose facts record the processes."""
+    from transformers import AutoModelForImageTextToText
+
+    facts = train("small", tmp_path / "small", steps=40, lr=3e-3, batch_size=8, tokenizer=tokenizer, progress=False,
+                  data_workers=0, procs=2)
+    assert facts["procs"] == 2 and facts["loss_last"] < 0.75 * facts["loss_first"], facts
+    AutoModelForImageTextToText.from_pretrained(tmp_path / "small")
+    write_card(tmp_path / "small", None)  # the card's command reproduces the run: it names the processes
+    card = (tmp_path / "small" / "README.md").read_text()
+    assert "--procs 2" in card and "each of 2 data-parallel processes" in card
+    with pytest.raises(ValueError, match="equal shares"):
+        train("small", tmp_path / "odd", steps=1, lr=1e-3, batch_size=3, tokenizer=tokenizer, procs=2)
