@@ -4,7 +4,8 @@
     python -m benchmarks.train_tiny --role small         # a small model from scratch (~12 min, 1 thread)
     python -m benchmarks.train_tiny --role small --init-from BASE --steps 500 --lr 1e-3 \
         --mix direct=0.2,reason=0.4,caption=0.1,lookup=0.3   # its second stage (~2 min; the shipped one's)
-    python -m benchmarks.train_tiny --role small --schedule benchmarks/schedules/small.json   # stages in one run
+    python -m benchmarks.train_tiny --role small --procs 2 --schedule benchmarks/schedules/small.json
+        # the shipped small model: stages in one run, on both cores (~11 min)
     python -m benchmarks.train_tiny --role small --steps 20 --out /tmp/t   # a smoke run
     python -m benchmarks.train_tiny --card results/strategies-*/strategies.json   # model cards with accuracy
 
@@ -12,7 +13,9 @@ From scratch (or on from a checkpoint, `--init-from`), on the CPU, with a plain 
 warm-up then cosine), seeded: the same command gives the same weights. The first steps read grids
 only (a curriculum), then each batch takes one objective from the role's mix. `--schedule` chains
 stages in one run from scratch: each phase a later stage's settings (steps, peak LR, mix, tiers, a
-fresh AdamW), with no checkpoint between. Every example is
+fresh AdamW), with no checkpoint between. `--procs 2` trains data-parallel on both cores (each
+process on its half of every batch, the gradients averaged before each step): 1.35-1.5x faster
+here, and other weights than one process gives. Every example is
 rendered with `tandem/prompts.py`, and prompt and target are tokenized apart, exactly as the
 pipeline sends the prompt and the model continues it:
 
@@ -602,7 +605,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     return facts
 
 
-def start_ranks(settings: dict) -> list:
+def start_ranks(settings: dict) -> tuple[list, int]:
     """Ranks 1.. of a data-parallel run, each a spawned process running `train` with these settings
     and the threads of this one; (processes, the port they meet on)."""
     import socket
@@ -925,6 +928,10 @@ def main(argv=None) -> int:
             phases = load_schedule(args.schedule)
         except (OSError, ValueError) as e:
             ap.error(str(e))
+    batch_sizes = [args.batch_size or DEFAULTS[role]["batch_size"] for role in roles]
+    if args.procs < 1 or any(size % args.procs for size in batch_sizes):
+        ap.error(f"--procs {args.procs}: each batch ({', '.join(map(str, batch_sizes))}) must split into that many "
+                 "equal shares")
     import torch
 
     torch.set_num_threads(args.threads)

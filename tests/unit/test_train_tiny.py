@@ -176,6 +176,16 @@ def test_a_finishing_share_outside_0_to_1_is_refused(capsys):
     assert "a share from 0 to 1" in capsys.readouterr().err
 
 
+def test_processes_that_cannot_share_a_batch_equally_are_refused_before_training(capsys):
+    from benchmarks.train_tiny import main
+
+    for argv in (["--role", "small", "--procs", "3"], ["--role", "large", "--procs", "0"],
+                 ["--role", "small", "--procs", "2", "--batch-size", "5"]):
+        with pytest.raises(SystemExit):
+            main(argv + ["--steps", "1"])
+        assert "equal shares" in capsys.readouterr().err
+
+
 def test_a_mix_names_known_objectives_only():
     import argparse
 
