@@ -605,17 +605,22 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     return facts
 
 
+def free_port() -> int:
+    """A free local port for the ranks of a data-parallel run to meet on."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def start_ranks(settings: dict) -> tuple[list, int]:
     """Ranks 1.. of a data-parallel run, each a spawned process running `train` with these settings
     and the threads of this one; (processes, the port they meet on)."""
-    import socket
-
     import torch
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:  # a free port for the ranks to meet on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     context = mp.get_context("spawn")
     children = []
     for rank in range(1, settings["procs"]):

@@ -379,11 +379,10 @@ def test_shards_take_disjoint_rows_of_each_batch_with_the_batchs_one_objective(t
 def test_averaged_gradients_are_the_whole_batchs_gradient(tmp_path):
     """Two ranks, each on half the rows, average to the gradient (and loss) of all the rows at once."""
     import multiprocessing
-    import socket
 
     import torch
 
-    from benchmarks.train_tiny import average_gradients
+    from benchmarks.train_tiny import average_gradients, free_port
 
     torch.manual_seed(0)
     x, y = torch.randn(8, 5), torch.randn(8, 1)
@@ -391,9 +390,7 @@ def test_averaged_gradients_are_the_whole_batchs_gradient(tmp_path):
     def loss_of(model, rows):
         return ((model(x[rows]) - y[rows]) ** 2).mean()
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
 
     def rank_main(rank):
         import torch.distributed as dist
