@@ -221,7 +221,8 @@ def test_client_leaving_a_stream_cancels_the_generation_downstream(serve_url):
     large = handle("LargeAnswerer")
     stats = large.stats.remote().result()
     before, batches = stats["cancelled"], len(stats["batch_sizes"])
-    body = {"model": "tandem:large_reasoning", "stream": True, "max_tokens": 4,
+    # Long enough that the disconnect lands mid-generation: 4 tokens once finished before it did.
+    body = {"model": "tandem:large_reasoning", "stream": True, "max_tokens": 256,
             "messages": [{"role": "user", "content": "think about it, at length?"}]}
     with httpx.stream("POST", f"{serve_url}/v1/chat/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()  # held: dropping the iterator would close the connection at once
