@@ -44,6 +44,12 @@ pipeline sends the prompt and the model continues it:
   straight from the image: every colour's direct count in one example; it taught the shipped large
   model to count in one pass (benchmarks/LEVERS.md, the count options' leak).
 
+A schedule's phase may also set `attend` (the weight of an auxiliary loss, `PointerProbe`): one head
+is taught to attend to the cell a colour word reads, another to the cells a number counts. It brought
+the large model's look-up of a named cell from ~1,800 steps of 32 to under 1,500 and made the best
+large model trained in one run within 15 min (`benchmarks/schedules/large-attend.json`; not shipped:
+its one-pass count is not there yet — benchmarks/LEVERS.md, supervised attention).
+
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
 """
@@ -55,13 +61,14 @@ import io
 import json
 import math
 import random
+import re
 import time
 from pathlib import Path
 
 from PIL import Image
 
 from benchmarks.datasets import LETTERS
-from benchmarks.grid import (COLOURS, EMPTY, PREAMBLE, TIERS, GridItem, caption, corrupt_trace, grid_item,
+from benchmarks.grid import (COLOURS, EMPTY, PALETTE, PREAMBLE, TIERS, GridItem, caption, corrupt_trace, grid_item,
                             present_colours, reasoning_trace, train_seed)
 from tandem import prompts
 from tandem.checkpoints import TRAINED_DIR, _corpus, build_tokenizer, new_tiny, save_checkpoint
@@ -199,6 +206,55 @@ def census(cells) -> str:
     return ", ".join(f"{c} {n}" for c, n in counts.items() if n) + "."
 
 
+ROW_CELLS = re.compile(r"row (\d+): ([^.;]*)")
+NAMED_CELL = re.compile(r"row (\d+), column (\d+): (\w+)")
+COLOUR_WORD = re.compile(r"\b(" + "|".join(PALETTE) + r")\b")
+
+
+def pointed_cells(item: GridItem, objective: str, target: str) -> list[tuple[int, tuple[int, int]]]:
+    """(character offset, (row, column)) of every colour word in a target that names the colour of
+    one cell the image shows: the cells of a row as a caption or a trace reads them, a named cell
+    ("row 2, column 3: green"), and a colour question's answer. The supervised attention below points
+    the decoder at that cell's visual token as the word is predicted."""
+    points = {}
+    if objective in ("caption", "reason"):
+        for m in ROW_CELLS.finditer(target):
+            r = int(m.group(1))
+            for c, w in enumerate(COLOUR_WORD.finditer(m.group(2)), 1):
+                if c <= len(item.cells):
+                    points[m.start(2) + w.start()] = (r, c)
+        for m in NAMED_CELL.finditer(target):
+            points[m.start(3)] = (int(m.group(1)), int(m.group(2)))
+    if item.kind == "colour_at" and objective in ("direct", "reason", "transfer"):
+        answer = answer_text(item)
+        at = target.rfind(answer)
+        if at >= 0:
+            points[at] = tuple(item.target)
+    return sorted(points.items())
+
+
+COLOUR_COUNT = re.compile(r"\b(" + "|".join(PALETTE) + r") (\d+)\b")
+ROW_COUNT = re.compile(r"row (\d+): [^;.]*; (\w+) (\d+)")
+
+
+def counted_cells(item: GridItem, objective: str, target: str) -> list[tuple[int, list[tuple[int, int]]]]:
+    """(character offset, the cells counted) of every number in a target that counts cells of one
+    colour: a count or any-question's direct answer (the whole grid), a census entry ("blue 3"), and a
+    count trace's row count ("...; red 2 (2)": that row's cells). The counting head is taught to attend
+    equally to those cells and to the image's start token, so what it reads is 1 / (n + 1)."""
+    G = len(item.cells)
+    where = lambda colour, rows: [(r, c) for r in rows for c in range(1, G + 1) if item.cells[r - 1][c - 1] == colour]  # noqa: E731
+    if objective == "census":
+        return [(m.start(2), where(m.group(1), range(1, G + 1))) for m in COLOUR_COUNT.finditer(target)]
+    if item.kind not in ("count", "any"):
+        return []
+    if objective in ("direct", "transfer"):
+        return [(0, where(item.target, range(1, G + 1)))]
+    if objective == "reason":
+        return [(m.start(3), where(m.group(2), [int(m.group(1))])) for m in ROW_COUNT.finditer(target)]
+    return []
+
+
 def task_corpus(n: int = 1500, seed: int = 0) -> list[str]:
     """Text of the task as both models will see it, for the tokenizer's merges, plus generic text so
     other questions still tokenize in reasonable pieces."""
@@ -229,6 +285,7 @@ class Batcher:
         self.rng = random.Random(seed)
         self.seed, self.next_item = seed, 0
         self.mix = MIX[role]  # batch_stream sets it per step
+        self.attend = False  # batch_stream sets it per step: the rows' pointers for `pointer_loss`
         # Sharded (one training process of several, `shard` = (rank, world)): every rank draws each
         # batch's objective from the same stream, and its own rows (its share of the batch's item
         # indices) from a stream of its own, so no rank makes another's rows. Unsharded, both come from
@@ -246,7 +303,7 @@ class Batcher:
         self.next_item += 1
         prompt, target = render_example(item, self.role, objective, self.tok, self.rng)
         image = Image.open(io.BytesIO(item.image)).convert("RGB")
-        return prompt, target, image
+        return prompt, target, image, (item, objective)
 
     def batch(self, size: int) -> dict:
         import torch
@@ -263,11 +320,28 @@ class Batcher:
             self.next_item = first + size
         pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
         grid = pix["image_grid_thw"]
-        ids, labels = [], []
-        for (prompt, target, _), thw in zip(rows, grid):
+        ids, labels, pointers, counters = [], [], [], []
+        for row, ((prompt, target, _, (item, objective)), thw) in enumerate(zip(rows, grid)):
             n = int(thw.prod()) // self.proc.merge_size ** 2
             p = self.tok(prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * n))["input_ids"]
-            t = self.tok(target)["input_ids"]
+            encoded = self.tok(target, return_offsets_mapping=self.attend)
+            t = encoded["input_ids"]
+            if self.attend and (points := pointed_cells(item, objective, target)):
+                cells = [i for i, x in enumerate(p) if x == self.image_token_id]
+                side = len(item.cells)
+                if len(cells) == side * side:
+                    for at, (r, c) in points:
+                        token = next(i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a <= at < b)
+                        pointers.append((row, len(p) + token - 1, cells[(r - 1) * side + c - 1]))
+            if self.attend and (counts := counted_cells(item, objective, target)):
+                cells = [i for i, x in enumerate(p) if x == self.image_token_id]
+                side = len(item.cells)
+                if len(cells) == side * side:
+                    for at, counted in counts:
+                        token = next(i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a <= at < b)
+                        keys = [cells[0] - 1] + [cells[(r - 1) * side + c - 1] for r, c in counted]
+                        group = len(counters)
+                        counters.extend((row, len(p) + token - 1, k, group) for k in keys)
             ids.append(p + t)
             labels.append([-100] * len(p) + t)
         width = max(map(len, ids))
@@ -277,11 +351,13 @@ class Batcher:
                 "attention_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids]),
                 "labels": torch.tensor([y + [-100] * (width - len(y)) for y in labels]),
                 "mm_token_type_ids": (input_ids == self.image_token_id).long(),
-                "pixel_values": pix["pixel_values"], "image_grid_thw": grid}
+                "pixel_values": pix["pixel_values"], "image_grid_thw": grid,
+                **({"pointers": torch.tensor(pointers, dtype=torch.long).reshape(-1, 3),
+                    "counters": torch.tensor(counters, dtype=torch.long).reshape(-1, 4)} if self.attend else {})}
 
 
 def batch_stream(batcher: Batcher, steps: int, batch_size: int, schedule, workers: int):
-    """The run's batches in step order (`schedule(step)` -> (mix, tiers)), each with the count of items
+    """The run's batches in step order (`schedule(step)` -> (mix, tiers[, attend])), each with the count of items
     drawn so far, made `workers` (0 or 1)
     processes away: with one, the next batches are drawn, rendered and tokenized on the second core while
     the first trains. One producer in step order draws the same random stream as the loop did inline, so
@@ -295,7 +371,9 @@ def batch_stream(batcher: Batcher, steps: int, batch_size: int, schedule, worker
     class Stream(IterableDataset):
         def __iter__(self):
             for step in range(steps):
-                batcher.mix, batcher.tiers = schedule(step)  # the tiers change by phase, as the mix does
+                # the tiers (and the pointers' use) change by phase, as the mix does
+                batcher.mix, batcher.tiers, *attend = schedule(step)
+                batcher.attend = bool(attend and attend[0])
                 yield batcher.batch(batch_size), batcher.next_item
 
     if workers not in (0, 1):
@@ -355,6 +433,56 @@ def batch_vision_attention(model) -> None:
             return self.proj(out.transpose(1, 2).reshape(seq, -1))
 
         block.attn.forward = types.MethodType(attention_forward, block.attn)
+
+
+# The counting head: another key/value group than the pointer's head 0, a layer earlier, so two
+# layers read its 1 / (n + 1) out into a number.
+COUNT_LAYER, COUNT_HEAD = 1, 2
+
+
+class PointerProbe:
+    """Supervised attention (an auxiliary loss, for training only): one head of one decoder layer is
+    taught to attend, as a colour word of a caption, a trace or an answer is predicted, to the visual
+    token of the cell that word reads (`pointed_cells`). The look-up of a named cell is the large
+    model's slowest transition (benchmarks/LEVERS.md: ~1,600-2,000 steps of 32 before a colour
+    question is answered above chance); the answers alone teach the pointer by one sparse signal
+    through every layer, this one names it at the head. The saved model is a plain Qwen3-VL: the
+    probe reads the layer's own projections and adds no weight."""
+
+    def __init__(self, model, layer: int = 2, head: int = 0):
+        self.attn = model.model.language_model.layers[layer].self_attn
+        self.head, self.seen = head, None
+        self.attn.register_forward_pre_hook(self.keep, with_kwargs=True)
+
+    def keep(self, module, args, kwargs):
+        self.seen = (kwargs["hidden_states"] if "hidden_states" in kwargs else args[0], kwargs["position_embeddings"])
+
+    def loss(self, pointers):
+        """Mean negative log attention of the head on each pointer's cell: pointers (N, 3) = (row,
+        query position, key position), the query the position that predicts the colour word; or
+        (N, 4) with a group id last, the keys of one group to be attended equally (a cross-entropy
+        against the uniform share over them), averaged per group."""
+        import torch
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import rotate_half
+
+        hidden, (cos, sin) = self.seen
+        a, hd = self.attn, self.attn.head_dim
+        rows, q_at, k_at = pointers[:, :3].unbind(1)
+        batch, length = hidden.shape[:2]
+        kv = self.head // a.num_key_value_groups
+        k = a.k_norm(a.k_proj(hidden).view(batch, length, -1, hd)[:, :, kv])
+        k = k * cos + rotate_half(k) * sin
+        q = a.q_norm(a.q_proj(hidden[rows, q_at]).view(len(rows), -1, hd)[:, self.head])
+        q = q * cos[rows, q_at] + rotate_half(q) * sin[rows, q_at]
+        scores = torch.einsum("nd,ntd->nt", q, k[rows]).float() * a.scaling
+        future = torch.arange(length)[None] > q_at[:, None]
+        logp = scores.masked_fill(future, float("-inf")).log_softmax(-1)
+        picked = -logp[torch.arange(len(rows)), k_at]
+        if pointers.shape[1] == 3:
+            return picked.mean()
+        groups = pointers[:, 3]
+        size = torch.bincount(groups).float()
+        return (picked / size[groups]).sum() / (size > 0).sum()
 
 
 def sequence_mean_loss(logits, labels):
@@ -447,7 +575,8 @@ def from_checkpoint(ref: str):
     return AutoModelForImageTextToText.from_pretrained(path), processor, processor.tokenizer, facts
 
 
-PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", "reason_tiers", "direct_tiers")
+PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", "reason_tiers", "direct_tiers",
+              "attend")
 
 
 def load_schedule(path: str | Path) -> list[dict]:
@@ -470,7 +599,7 @@ def load_schedule(path: str | Path) -> list[dict]:
             if unknown := set(phase.get(key) or {}) - set(TIERS):
                 raise ValueError(f"{path}: phase {n}'s {key} names unknown tiers {sorted(unknown)}")
     return [{"read_first": 0.0, "finish_mix": None, "finish_share": None, "reason_tiers": None,
-             "direct_tiers": None, **phase} for phase in phases]
+             "direct_tiers": None, "attend": 0.0, **phase} for phase in phases]
 
 
 def phase_of(phases: list[dict], step: int) -> tuple[int, int]:
@@ -530,12 +659,15 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
                       direct_tiers=first["direct_tiers"], shard=(rank, procs))
     model.train()
     losses, start, items = [], time.perf_counter(), 0
+    probe = PointerProbe(model) if any(p.get("attend", 0.0) > 0 for p in phases) else None
+    counter = PointerProbe(model, layer=COUNT_LAYER, head=COUNT_HEAD) if probe else None
+    pointed, tallied = [], []
 
-    def plan(step: int) -> tuple[dict, dict]:
+    def plan(step: int) -> tuple[dict, dict, bool]:
         phase, at = phase_of(phases, step)
         p = phases[phase]
         return (mix_at(at, p["steps"], p["read_first"], p["mix"], p["finish_mix"], p["finish_share"]),
-                {"reason": p["reason_tiers"], "direct": p["direct_tiers"]})
+                {"reason": p["reason_tiers"], "direct": p["direct_tiers"]}, p.get("attend", 0.0) > 0)
 
     stream = batch_stream(batcher, total, batch_size, workers=data_workers, schedule=plan)
     bar = tqdm(stream, total=total, desc=f"train {role}", disable=not progress or rank > 0, mininterval=2)
@@ -546,9 +678,17 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             optim = torch.optim.AdamW(model.parameters(), lr=p["lr"], betas=(0.9, 0.98), weight_decay=0.01)
         for group in optim.param_groups:
             group["lr"] = lr_at(at, p["steps"], p["lr"], warmup=max(1, p["steps"] // 20))
-        labels = batch.pop("labels")
+        labels, pointers, counters = batch.pop("labels"), batch.pop("pointers", None), batch.pop("counters", None)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = answer_loss(model, batch, labels)
+            if pointers is not None and len(pointers):
+                aux = probe.loss(pointers)
+                pointed.append(aux.item())
+                loss = loss + p["attend"] * aux
+            if counters is not None and len(counters):
+                aux = counter.loss(counters)
+                tallied.append(aux.item())
+                loss = loss + p["attend"] * aux
         optim.zero_grad(set_to_none=True)
         loss.backward()
         if procs > 1:
@@ -557,7 +697,9 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         optim.step()
         losses.append(loss.item())
         if step % 10 == 0:
-            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
+            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}",
+                            **({"pointer": f"{sum(pointed[-10:]) / len(pointed[-10:]):.3f}"} if pointed else {}),
+                            **({"count": f"{sum(tallied[-10:]) / len(tallied[-10:]):.3f}"} if tallied else {}))
     model.eval()
     seconds = time.perf_counter() - start
     if procs > 1:

@@ -436,3 +436,74 @@ def test_a_two_process_run_learns_and_says_so(tmp_path, tokenizer):
     assert "--procs 2" in card and "each of 2 data-parallel processes" in card
     with pytest.raises(ValueError, match="equal shares"):
         train("small", tmp_path / "odd", steps=1, lr=1e-3, batch_size=3, tokenizer=tokenizer, procs=2)
+
+
+def test_pointers_name_the_cell_each_colour_word_reads():
+    """The supervised attention points a colour word at the cell it reads: wrong cells would teach
+    the look-up wrong. Every colour word of a caption, a trace and a colour question's answer."""
+    from benchmarks.train_tiny import pointed_cells
+
+    rng = random.Random(0)
+    seen = {}
+    for i in range(30):
+        item = grid_item(train_seed(0, i), tier=("perceive", "count", "compose")[i % 3])
+        for objective in ("direct", "reason", "caption"):
+            _, target = render_example(item, "large", objective, None, rng)
+            points = pointed_cells(item, objective, target)
+            for at, (r, c) in points:
+                assert target[at:].startswith(item.cells[r - 1][c - 1]), (target, at, r, c)
+            seen[objective, item.kind] = seen.get((objective, item.kind), 0) + len(points)
+    assert seen["caption", "count"] > 0 and seen["reason", "count"] > 0 and seen["reason", "row_sum"] > 0
+    assert seen["direct", "colour_at"] > 0 and seen["direct", "count"] == 0 and seen["direct", "row_sum"] == 0
+
+
+def test_counted_cells_are_the_cells_each_number_counts():
+    from benchmarks.train_tiny import census, counted_cells
+
+    rng = random.Random(1)
+    checked = 0
+    for i in range(30):
+        item = grid_item(train_seed(0, i), tier="count")
+        for objective in ("direct", "reason", "census"):
+            target = census(item.cells) if objective == "census" else render_example(item, "large", objective, None, rng)[1]
+            for at, cells in counted_cells(item, objective, target):
+                number = target[at:].split()[0].split("<")[0].rstrip(".,;")
+                if item.kind == "any" and objective == "direct":
+                    assert number == ("yes" if cells else "no")
+                else:
+                    assert int(number) == len(cells), (target, at)
+                assert len({item.cells[r - 1][c - 1] for r, c in cells}) <= 1
+                checked += 1
+    assert checked > 60
+
+
+def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
+    """PointerProbe recomputes one head's attention from the layer's projections: its loss must be
+    minus the log of the weight the model's own (eager) attention gives the pointed key."""
+    import torch
+
+    from benchmarks.train_tiny import TRAINED_SIZES, Batcher, PointerProbe
+    from tandem.checkpoints import new_tiny
+
+    torch.manual_seed(0)
+    model, processor, tok = new_tiny(TRAINED_SIZES["large"], tokenizer, 0)
+    model.set_attn_implementation("eager")
+    batcher = Batcher("large", tok, processor.image_processor, model.config.image_token_id, seed=3,
+                      direct_tiers={"count": 1.0})
+    batcher.attend, batcher.mix = True, {"caption": 1.0}
+    pointers = PointerProbe(model, layer=2, head=0)
+    counters = PointerProbe(model, layer=1, head=2)
+    for mix in ({"caption": 1.0}, {"direct": 1.0}):
+        batcher.mix = mix
+        batch = batcher.batch(3)
+        batch.pop("labels")
+        pointed, counted = batch.pop("pointers"), batch.pop("counters")
+        attentions = model(**batch, output_attentions=True).attentions
+        for probe, points, layer, head in ((pointers, pointed, 2, 0), (counters, counted, 1, 2)):
+            for point in points[:5]:
+                row, q, k = point[:3].tolist()
+                weight = attentions[layer][row, head, q, k]
+                assert torch.allclose(probe.loss(point[None, :3]), -weight.log(), atol=1e-4)
+    assert len(pointed) == 0 and len(counted) > 0  # direct count questions: counters only
+    image = batch["input_ids"][0] == model.config.image_token_id
+    assert bool(image[counted[counted[:, 0] == 0][1:, 2]].all())  # counted keys: image tokens after the start
