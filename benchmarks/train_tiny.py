@@ -285,7 +285,7 @@ class Batcher:
         self.rng = random.Random(seed)
         self.seed, self.next_item = seed, 0
         self.mix = MIX[role]  # batch_stream sets it per step
-        self.attend = False  # batch_stream sets it per step: the rows' pointers for `pointer_loss`
+        self.attend = False  # batch_stream sets it per step: the rows' pointers for `PointerProbe`
         # Sharded (one training process of several, `shard` = (rank, world)): every rank draws each
         # batch's objective from the same stream, and its own rows (its share of the batch's item
         # indices) from a stream of its own, so no rank makes another's rows. Unsharded, both come from
@@ -326,22 +326,17 @@ class Batcher:
             p = self.tok(prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * n))["input_ids"]
             encoded = self.tok(target, return_offsets_mapping=self.attend)
             t = encoded["input_ids"]
-            if self.attend and (points := pointed_cells(item, objective, target)):
-                cells = [i for i, x in enumerate(p) if x == self.image_token_id]
-                side = len(item.cells)
-                if len(cells) == side * side:
-                    for at, (r, c) in points:
-                        token = next(i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a <= at < b)
-                        pointers.append((row, len(p) + token - 1, cells[(r - 1) * side + c - 1]))
-            if self.attend and (counts := counted_cells(item, objective, target)):
-                cells = [i for i, x in enumerate(p) if x == self.image_token_id]
-                side = len(item.cells)
-                if len(cells) == side * side:
-                    for at, counted in counts:
-                        token = next(i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a <= at < b)
-                        keys = [cells[0] - 1] + [cells[(r - 1) * side + c - 1] for r, c in counted]
-                        group = len(counters)
-                        counters.extend((row, len(p) + token - 1, k, group) for k in keys)
+            cells, side = [i for i, x in enumerate(p) if x == self.image_token_id], len(item.cells)
+            if self.attend and len(cells) == side * side:
+                # The query is the position that predicts the word's first token; a key, a cell's
+                # visual token (row-major, as the processor merges them) or the image's start.
+                query = lambda at: len(p) - 1 + next(  # noqa: E731
+                    i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a <= at < b)
+                key = lambda r, c: cells[(r - 1) * side + c - 1]  # noqa: E731
+                pointers += [(row, query(at), key(r, c)) for at, (r, c) in pointed_cells(item, objective, target)]
+                for at, counted in counted_cells(item, objective, target):
+                    group = len(counters)
+                    counters += [(row, query(at), k, group) for k in [cells[0] - 1] + [key(r, c) for r, c in counted]]
             ids.append(p + t)
             labels.append([-100] * len(p) + t)
         width = max(map(len, ids))
@@ -581,7 +576,7 @@ PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", 
 
 def load_schedule(path: str | Path) -> list[dict]:
     """The phases of a `--schedule` file: a JSON list, each phase a stage's settings (steps, lr, mix and
-    optionally read_first, finish_mix, finish_share, reason_tiers, direct_tiers), checked here so a typo
+    optionally read_first, finish_mix, finish_share, reason_tiers, direct_tiers, attend), checked here so a typo
     fails before the first step, not after ten minutes."""
     phases = json.loads(Path(path).read_text())
     if not isinstance(phases, list) or not phases:
@@ -727,6 +722,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "finish_mix": first["finish_mix"], "finish_share": first["finish_share"] if first["finish_mix"] else None,
              "random_access_p": RANDOM_ACCESS_P,
              "corrupt_hint_p": CORRUPT_P if "transfer" in first["mix"] else None,
+             # The supervised attention's weight (PointerProbe); the losses below then include it.
+             **({"attend": first["attend"]} if first.get("attend") else {}),
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),
