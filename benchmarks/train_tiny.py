@@ -45,7 +45,8 @@ pipeline sends the prompt and the model continues it:
   model to count in one pass (benchmarks/LEVERS.md, the count options' leak).
 
 A schedule's phase may also set `attend` (the weight of an auxiliary loss, `PointerProbe`): one head
-is taught to attend to the cell a colour word reads, another to the cells a number counts. It brought
+is taught to attend to the cell a colour word reads, another to the cells a number counts (and a
+third, at a question's answer, to the question's colour word, where the count is taken). It brought
 the large model's look-up of a named cell from ~1,800 steps of 32 to under 1,500 and made the best
 large model trained in one run within 15 min (`benchmarks/schedules/large-attend.json`; not shipped:
 its one-pass count is not there yet — benchmarks/LEVERS.md, supervised attention).
@@ -241,7 +242,9 @@ def counted_cells(item: GridItem, objective: str, target: str) -> list[tuple[int
     """(character offset, the cells counted) of every number in a target that counts cells of one
     colour: a count or any-question's direct answer (the whole grid), a census entry ("blue 3"), and a
     count trace's row count ("...; red 2 (2)": that row's cells). The counting head is taught to attend
-    equally to those cells and to the image's start token, so what it reads is 1 / (n + 1)."""
+    equally to those cells and to the image's start token, so what it reads is 1 / (n + 1): where the
+    number is predicted — right after its colour word in a census or a trace — or, for a question's
+    answer, at the question's colour word (`Batcher.batch`), from where the answer copies it."""
     G = len(item.cells)
     where = lambda colour, rows: [(r, c) for r in rows for c in range(1, G + 1) if item.cells[r - 1][c - 1] == colour]  # noqa: E731
     if objective == "census":
@@ -320,10 +323,12 @@ class Batcher:
             self.next_item = first + size
         pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
         grid = pix["image_grid_thw"]
-        ids, labels, pointers, counters = [], [], [], []
+        ids, labels, pointers, counters, copies = [], [], [], [], []
         for row, ((prompt, target, _, (item, objective)), thw) in enumerate(zip(rows, grid)):
             n = int(thw.prod()) // self.proc.merge_size ** 2
-            p = self.tok(prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * n))["input_ids"]
+            prompt = prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * n)
+            asked = self.tok(prompt, return_offsets_mapping=self.attend)
+            p = asked["input_ids"]
             encoded = self.tok(target, return_offsets_mapping=self.attend)
             t = encoded["input_ids"]
             cells, side = [i for i, x in enumerate(p) if x == self.image_token_id], len(item.cells)
@@ -335,8 +340,15 @@ class Batcher:
                 key = lambda r, c: cells[(r - 1) * side + c - 1]  # noqa: E731
                 pointers += [(row, query(at), key(r, c)) for at, (r, c) in pointed_cells(item, objective, target)]
                 for at, counted in counted_cells(item, objective, target):
-                    group = len(counters)
-                    counters += [(row, query(at), k, group) for k in [cells[0] - 1] + [key(r, c) for r, c in counted]]
+                    group, q = len(counters), query(at)
+                    if objective in ("direct", "transfer"):
+                        # A question's count is taken at its colour word, where the colour is the
+                        # token itself, and the answer copies it from there (`COPY_LAYER`).
+                        word = prompt.index(item.prompt()) + COLOUR_WORD.search(item.prompt()).start()
+                        colour = next(i for i, (a, b) in enumerate(asked["offset_mapping"]) if a <= word < b)
+                        copies.append((row, q, colour))
+                        q = colour
+                    counters += [(row, q, k, group) for k in [cells[0] - 1] + [key(r, c) for r, c in counted]]
             ids.append(p + t)
             labels.append([-100] * len(p) + t)
         width = max(map(len, ids))
@@ -348,7 +360,8 @@ class Batcher:
                 "mm_token_type_ids": (input_ids == self.image_token_id).long(),
                 "pixel_values": pix["pixel_values"], "image_grid_thw": grid,
                 **({"pointers": torch.tensor(pointers, dtype=torch.long).reshape(-1, 3),
-                    "counters": torch.tensor(counters, dtype=torch.long).reshape(-1, 4)} if self.attend else {})}
+                    "counters": torch.tensor(counters, dtype=torch.long).reshape(-1, 4),
+                    "copies": torch.tensor(copies, dtype=torch.long).reshape(-1, 3)} if self.attend else {})}
 
 
 def batch_stream(batcher: Batcher, steps: int, batch_size: int, schedule, workers: int):
@@ -430,9 +443,12 @@ def batch_vision_attention(model) -> None:
         block.attn.forward = types.MethodType(attention_forward, block.attn)
 
 
-# The counting head: another key/value group than the pointer's head 0, a layer earlier, so two
-# layers read its 1 / (n + 1) out into a number.
-COUNT_LAYER, COUNT_HEAD = 1, 2
+# The counting head: the pointer's layer, the other key/value group; a question's count is taken at
+# its colour word and copied to the answer by a head of the last layer. Measured on 1,500 held-out
+# count questions after 1,000 count-heavy steps (benchmarks/LEVERS.md, session 21): 60 % right so,
+# 49 % counting at the answer in this layer, 33-44 % a layer earlier (at the answer or the colour word).
+COUNT_LAYER, COUNT_HEAD = 2, 2
+COPY_LAYER, COPY_HEAD = 3, 1
 
 
 class PointerProbe:
@@ -571,12 +587,13 @@ def from_checkpoint(ref: str):
 
 
 PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", "reason_tiers", "direct_tiers",
-              "attend")
+              "attend", "count_attend")
 
 
 def load_schedule(path: str | Path) -> list[dict]:
     """The phases of a `--schedule` file: a JSON list, each phase a stage's settings (steps, lr, mix and
-    optionally read_first, finish_mix, finish_share, reason_tiers, direct_tiers, attend), checked here so a typo
+    optionally read_first, finish_mix, finish_share, reason_tiers, direct_tiers, attend, count_attend — the
+    counting and copying heads' weight, `attend` unless given), checked here so a typo
     fails before the first step, not after ten minutes."""
     phases = json.loads(Path(path).read_text())
     if not isinstance(phases, list) or not phases:
@@ -594,7 +611,7 @@ def load_schedule(path: str | Path) -> list[dict]:
             if unknown := set(phase.get(key) or {}) - set(TIERS):
                 raise ValueError(f"{path}: phase {n}'s {key} names unknown tiers {sorted(unknown)}")
     return [{"read_first": 0.0, "finish_mix": None, "finish_share": None, "reason_tiers": None,
-             "direct_tiers": None, "attend": 0.0, **phase} for phase in phases]
+             "direct_tiers": None, "attend": 0.0, "count_attend": phase.get("attend", 0.0), **phase} for phase in phases]
 
 
 def phase_of(phases: list[dict], step: int) -> tuple[int, int]:
@@ -654,15 +671,17 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
                       direct_tiers=first["direct_tiers"], shard=(rank, procs))
     model.train()
     losses, start, items = [], time.perf_counter(), 0
-    probe = PointerProbe(model) if any(p.get("attend", 0.0) > 0 for p in phases) else None
+    probe = PointerProbe(model) if any(p.get("attend", 0.0) > 0 or p.get("count_attend", 0.0) > 0 for p in phases) else None
     counter = PointerProbe(model, layer=COUNT_LAYER, head=COUNT_HEAD) if probe else None
+    copier = PointerProbe(model, layer=COPY_LAYER, head=COPY_HEAD) if probe else None
     pointed, tallied = [], []
 
     def plan(step: int) -> tuple[dict, dict, bool]:
         phase, at = phase_of(phases, step)
         p = phases[phase]
         return (mix_at(at, p["steps"], p["read_first"], p["mix"], p["finish_mix"], p["finish_share"]),
-                {"reason": p["reason_tiers"], "direct": p["direct_tiers"]}, p.get("attend", 0.0) > 0)
+                {"reason": p["reason_tiers"], "direct": p["direct_tiers"]},
+                p.get("attend", 0.0) > 0 or p.get("count_attend", 0.0) > 0)
 
     stream = batch_stream(batcher, total, batch_size, workers=data_workers, schedule=plan)
     bar = tqdm(stream, total=total, desc=f"train {role}", disable=not progress or rank > 0, mininterval=2)
@@ -674,6 +693,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         for group in optim.param_groups:
             group["lr"] = lr_at(at, p["steps"], p["lr"], warmup=max(1, p["steps"] // 20))
         labels, pointers, counters = batch.pop("labels"), batch.pop("pointers", None), batch.pop("counters", None)
+        copies = batch.pop("copies", None)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = answer_loss(model, batch, labels)
             if pointers is not None and len(pointers):
@@ -683,7 +703,9 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             if counters is not None and len(counters):
                 aux = counter.loss(counters)
                 tallied.append(aux.item())
-                loss = loss + p["attend"] * aux
+                loss = loss + p.get("count_attend", p["attend"]) * aux
+            if copies is not None and len(copies):
+                loss = loss + p.get("count_attend", p["attend"]) * copier.loss(copies)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         if procs > 1:
@@ -724,6 +746,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              "corrupt_hint_p": CORRUPT_P if "transfer" in first["mix"] else None,
              # The supervised attention's weight (PointerProbe); the losses below then include it.
              **({"attend": first["attend"]} if first.get("attend") else {}),
+             **({"count_attend": first["count_attend"]} if first.get("count_attend", first.get("attend")) != first.get("attend") else {}),
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),

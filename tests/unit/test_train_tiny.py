@@ -482,6 +482,7 @@ def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
     minus the log of the weight the model's own (eager) attention gives the pointed key."""
     import torch
 
+    from benchmarks.grid import PALETTE
     from benchmarks.train_tiny import TRAINED_SIZES, Batcher, PointerProbe
     from tandem.checkpoints import new_tiny
 
@@ -492,14 +493,15 @@ def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
                       direct_tiers={"count": 1.0})
     batcher.attend, batcher.mix = True, {"caption": 1.0}
     pointers = PointerProbe(model, layer=2, head=0)
-    counters = PointerProbe(model, layer=1, head=2)
+    counters = PointerProbe(model, layer=2, head=2)
+    copiers = PointerProbe(model, layer=3, head=1)
     for mix in ({"caption": 1.0}, {"direct": 1.0}):
         batcher.mix = mix
         batch = batcher.batch(3)
-        batch.pop("labels")
-        pointed, counted = batch.pop("pointers"), batch.pop("counters")
+        labels = batch.pop("labels")
+        pointed, counted, copied = batch.pop("pointers"), batch.pop("counters"), batch.pop("copies")
         attentions = model(**batch, output_attentions=True).attentions
-        for probe, points, layer, head in ((pointers, pointed, 2, 0), (counters, counted, 1, 2)):
+        for probe, points, layer, head in ((pointers, pointed, 2, 0), (counters, counted, 2, 2), (copiers, copied, 3, 1)):
             for point in points[:5]:
                 row, q, k = point[:3].tolist()
                 weight = attentions[layer][row, head, q, k]
@@ -507,3 +509,10 @@ def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
     assert len(pointed) == 0 and len(counted) > 0  # direct count questions: counters only
     image = batch["input_ids"][0] == model.config.image_token_id
     assert bool(image[counted[counted[:, 0] == 0][1:, 2]].all())  # counted keys: image tokens after the start
+    # A question's count is taken at its colour word, and the answer's position copies it from there.
+    assert len(copied) == 3
+    for row, answer, colour in copied.tolist():
+        assert answer == int((labels[row] != -100).nonzero()[0]) - 1  # predicts the answer's first token
+        word = tok.decode(batch["input_ids"][row, colour]).strip()
+        assert word in PALETTE and batch["input_ids"][row, :colour].tolist().count(model.config.image_token_id) == 16
+        assert set(counted[counted[:, 0] == row][:, 1].tolist()) == {colour}
