@@ -46,10 +46,11 @@ pipeline sends the prompt and the model continues it:
 
 A schedule's phase may also set `attend` (the weight of an auxiliary loss, `PointerProbe`): one head
 is taught to attend to the cell a colour word reads, another to the cells a number counts (and a
-third, at a question's answer, to the question's colour word, where the count is taken). It brought
-the large model's look-up of a named cell from ~1,800 steps of 32 to under 1,500 and made the best
-large model trained in one run within 15 min (`benchmarks/schedules/large-attend.json`; not shipped:
-its one-pass count is not there yet — benchmarks/LEVERS.md, supervised attention).
+third, at a question's answer, to the question's colour word, where the count is taken;
+`count_attend` weighs those two apart). It brought the large model's look-up of a named cell from
+~1,800 steps of 32 to under 1,500, and the best large models trained in one run in about 15 min
+(`benchmarks/schedules/large-count.json`; not shipped: their one-pass count is not there yet —
+benchmarks/LEVERS.md, supervised attention and where the count is taken).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
