@@ -37,7 +37,7 @@ def hidden_states(model, processor, tokenizer, n: int):
     import torch
     from PIL import Image
 
-    from benchmarks.train_tiny import COLOUR_WORD, render_example
+    from benchmarks.train_tiny import question_colour_at, render_example, token_at
     from tandem import prompts
 
     at_answer, at_colour, counts, right = [], [], [], 0
@@ -52,8 +52,7 @@ def hidden_states(model, processor, tokenizer, n: int):
         tokens = int(pixels["image_grid_thw"][0].prod()) // processor.image_processor.merge_size ** 2
         prompt = prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * tokens)
         encoded = tokenizer(prompt, return_offsets_mapping=True)
-        word = prompt.index(item.prompt()) + COLOUR_WORD.search(item.prompt()).start()
-        colour = next(i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a <= word < b)
+        colour = token_at(encoded["offset_mapping"], question_colour_at(prompt, item))
         ids = torch.tensor([encoded["input_ids"]])
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids),

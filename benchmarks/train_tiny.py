@@ -239,6 +239,16 @@ COLOUR_COUNT = re.compile(r"\b(" + "|".join(PALETTE) + r") (\d+)\b")
 ROW_COUNT = re.compile(r"row (\d+): [^;.]*; (\w+) (\d+)")
 
 
+def token_at(offsets, at: int) -> int:
+    """The index of the token whose characters (a tokenizer's offset mapping) hold character `at`."""
+    return next(i for i, (a, b) in enumerate(offsets) if a <= at < b)
+
+
+def question_colour_at(prompt: str, item: GridItem) -> int:
+    """Character offset, in a rendered prompt, of the colour word its count question names."""
+    return prompt.index(item.prompt()) + COLOUR_WORD.search(item.prompt()).start()
+
+
 def counted_cells(item: GridItem, objective: str, target: str) -> list[tuple[int, list[tuple[int, int]]]]:
     """(character offset, the cells counted) of every number in a target that counts cells of one
     colour: a count or any-question's direct answer (the whole grid), a census entry ("blue 3"), and a
@@ -336,8 +346,7 @@ class Batcher:
             if self.attend and len(cells) == side * side:
                 # The query is the position that predicts the word's first token; a key, a cell's
                 # visual token (row-major, as the processor merges them) or the image's start.
-                query = lambda at: len(p) - 1 + next(  # noqa: E731
-                    i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a <= at < b)
+                query = lambda at: len(p) - 1 + token_at(encoded["offset_mapping"], at)  # noqa: E731
                 key = lambda r, c: cells[(r - 1) * side + c - 1]  # noqa: E731
                 pointers += [(row, query(at), key(r, c)) for at, (r, c) in pointed_cells(item, objective, target)]
                 for at, counted in counted_cells(item, objective, target):
@@ -345,8 +354,7 @@ class Batcher:
                     if objective in ("direct", "transfer"):
                         # A question's count is taken at its colour word, where the colour is the
                         # token itself, and the answer copies it from there (`COPY_LAYER`).
-                        word = prompt.index(item.prompt()) + COLOUR_WORD.search(item.prompt()).start()
-                        colour = next(i for i, (a, b) in enumerate(asked["offset_mapping"]) if a <= word < b)
+                        colour = token_at(asked["offset_mapping"], question_colour_at(prompt, item))
                         copies.append((row, q, colour))
                         q = colour
                     counters += [(row, q, k, group) for k in [cells[0] - 1] + [key(r, c) for r, c in counted]]
