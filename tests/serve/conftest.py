@@ -63,7 +63,15 @@ def app_configs(large_batch: dict | None = None) -> list[dict]:
     return [tandem, agree]
 
 
-def deploy(configs: list[dict], timeout_s: float = 240) -> None:
+# How long the apps may take to come up. Four vLLM engines (two apps, two generators each) start at
+# once on the 2-core test machine: in one CI run (2026-12-02) the last was still starting when the
+# old 240 s wait ran out, its engine ready a second before (156 s from the replica's start to its
+# weights, 53 s of engine profile and warm-up), the others healthy; every Serve test then errored. A start-up budget, not
+# a measurement: a replica that really hangs still fails the run, after this long.
+DEPLOY_TIMEOUT_S = 600 if ENGINE == "vllm" else 240
+
+
+def deploy(configs: list[dict], timeout_s: float = DEPLOY_TIMEOUT_S) -> None:
     from ray import serve
     from ray.serve._private.api import _get_global_client
     from ray.serve.schema import ServeDeploySchema
