@@ -49,8 +49,11 @@ is taught to attend to the cell a colour word reads, another to the cells a numb
 third, at a question's answer, to the question's colour word, where the count is taken;
 `count_attend` weighs those two apart). It brought the large model's look-up of a named cell from
 ~1,800 steps of 32 to under 1,500, and the best large models trained in one run in about 15 min
-(`benchmarks/schedules/large-count.json`; not shipped: their one-pass count is not there yet —
-benchmarks/LEVERS.md, supervised attention and where the count is taken).
+(`benchmarks/schedules/large-count.json`). `count_readout` (`CountLens`) weighs a readout target:
+where a count is taken, the stream after the counting layer is taught to say the number; it raised
+the one-run direct count from 66 to 80 % (`benchmarks/schedules/large-readout.json`; not shipped: the
+count is not all there yet and the hints fell — benchmarks/LEVERS.md, supervised attention, where the
+count is taken, and the count said where it is taken).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -334,7 +337,7 @@ class Batcher:
             self.next_item = first + size
         pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
         grid = pix["image_grid_thw"]
-        ids, labels, pointers, counters, copies = [], [], [], [], []
+        ids, labels, pointers, counters, copies, readouts = [], [], [], [], [], []
         for row, ((prompt, target, _, (item, objective)), thw) in enumerate(zip(rows, grid)):
             n = int(thw.prod()) // self.proc.merge_size ** 2
             prompt = prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * n)
@@ -351,6 +354,7 @@ class Batcher:
                 pointers += [(row, query(at), key(r, c)) for at, (r, c) in pointed_cells(item, objective, target)]
                 for at, counted in counted_cells(item, objective, target):
                     group, q = len(counters), query(at)
+                    number = t[token_at(encoded["offset_mapping"], at)]
                     if objective in ("direct", "transfer"):
                         # A question's count is taken at its colour word, where the colour is the
                         # token itself, and the answer copies it from there (`COPY_LAYER`).
@@ -358,6 +362,7 @@ class Batcher:
                         copies.append((row, q, colour))
                         q = colour
                     counters += [(row, q, k, group) for k in [cells[0] - 1] + [key(r, c) for r, c in counted]]
+                    readouts.append((row, q, number))
             ids.append(p + t)
             labels.append([-100] * len(p) + t)
         width = max(map(len, ids))
@@ -370,7 +375,8 @@ class Batcher:
                 "pixel_values": pix["pixel_values"], "image_grid_thw": grid,
                 **({"pointers": torch.tensor(pointers, dtype=torch.long).reshape(-1, 3),
                     "counters": torch.tensor(counters, dtype=torch.long).reshape(-1, 4),
-                    "copies": torch.tensor(copies, dtype=torch.long).reshape(-1, 3)} if self.attend else {})}
+                    "copies": torch.tensor(copies, dtype=torch.long).reshape(-1, 3),
+                    "readouts": torch.tensor(readouts, dtype=torch.long).reshape(-1, 3)} if self.attend else {})}
 
 
 def batch_stream(batcher: Batcher, steps: int, batch_size: int, schedule, workers: int):
@@ -505,6 +511,29 @@ class PointerProbe:
         return (picked / size[groups]).sum() / (size > 0).sum()
 
 
+class CountLens:
+    """A readout target (an auxiliary loss, for training only): where a count is taken — the counting
+    head's query — the residual stream after the counting layer, read through the model's own final
+    norm and vocabulary projection, is taught to say the count's number, so that what the copy head
+    (the next layer) moves from a question's colour word to its answer is already the number. Adds no
+    weight: the saved model is a plain Qwen3-VL."""
+
+    def __init__(self, model, layer: int = COUNT_LAYER):
+        self.model, self.seen = model, None
+        model.model.language_model.layers[layer].register_forward_hook(self.keep)
+
+    def keep(self, module, args, output):
+        self.seen = output[0] if isinstance(output, tuple) else output
+
+    def loss(self, readouts):
+        """Cross-entropy of the number's first token at each readout: (N, 3) = (row, position, token)."""
+        import torch.nn.functional as F
+
+        rows, at, token = readouts.unbind(1)
+        hidden = self.model.model.language_model.norm(self.seen[rows, at])
+        return F.cross_entropy(self.model.lm_head(hidden).float(), token)
+
+
 def sequence_mean_loss(logits, labels):
     """Cross-entropy averaged per sequence, then over the batch: a two-token direct answer weighs as
     much as a fifty-token trace."""
@@ -596,13 +625,14 @@ def from_checkpoint(ref: str):
 
 
 PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", "reason_tiers", "direct_tiers",
-              "attend", "count_attend")
+              "attend", "count_attend", "count_readout")
 
 
 def load_schedule(path: str | Path) -> list[dict]:
     """The phases of a `--schedule` file: a JSON list, each phase a stage's settings (steps, lr, mix and
     optionally read_first, finish_mix, finish_share, reason_tiers, direct_tiers, attend, count_attend — the
-    counting and copying heads' weight, `attend` unless given), checked here so a typo
+    counting and copying heads' weight, `attend` unless given — and count_readout, `CountLens`'s weight),
+    checked here so a typo
     fails before the first step, not after ten minutes."""
     phases = json.loads(Path(path).read_text())
     if not isinstance(phases, list) or not phases:
@@ -620,7 +650,8 @@ def load_schedule(path: str | Path) -> list[dict]:
             if unknown := set(phase.get(key) or {}) - set(TIERS):
                 raise ValueError(f"{path}: phase {n}'s {key} names unknown tiers {sorted(unknown)}")
     return [{"read_first": 0.0, "finish_mix": None, "finish_share": None, "reason_tiers": None,
-             "direct_tiers": None, "attend": 0.0, "count_attend": phase.get("attend", 0.0), **phase} for phase in phases]
+             "direct_tiers": None, "attend": 0.0, "count_attend": phase.get("attend", 0.0), "count_readout": 0.0,
+             **phase} for phase in phases]
 
 
 def phase_of(phases: list[dict], step: int) -> tuple[int, int]:
@@ -683,7 +714,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     probe = PointerProbe(model) if any(p.get("attend", 0.0) > 0 or p.get("count_attend", 0.0) > 0 for p in phases) else None
     counter = PointerProbe(model, layer=COUNT_LAYER, head=COUNT_HEAD) if probe else None
     copier = PointerProbe(model, layer=COPY_LAYER, head=COPY_HEAD) if probe else None
-    pointed, tallied = [], []
+    lens = CountLens(model) if any(p.get("count_readout", 0.0) > 0 for p in phases) else None
+    pointed, tallied, read = [], [], []
 
     def plan(step: int) -> tuple[dict, dict, bool]:
         phase, at = phase_of(phases, step)
@@ -702,7 +734,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         for group in optim.param_groups:
             group["lr"] = lr_at(at, p["steps"], p["lr"], warmup=max(1, p["steps"] // 20))
         labels, pointers, counters = batch.pop("labels"), batch.pop("pointers", None), batch.pop("counters", None)
-        copies = batch.pop("copies", None)
+        copies, readouts = batch.pop("copies", None), batch.pop("readouts", None)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = answer_loss(model, batch, labels)
             if pointers is not None and len(pointers):
@@ -715,6 +747,10 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
                 loss = loss + p.get("count_attend", p["attend"]) * aux
             if copies is not None and len(copies):
                 loss = loss + p.get("count_attend", p["attend"]) * copier.loss(copies)
+            if lens is not None and p.get("count_readout", 0.0) > 0 and readouts is not None and len(readouts):
+                aux = lens.loss(readouts)
+                read.append(aux.item())
+                loss = loss + p["count_readout"] * aux
         optim.zero_grad(set_to_none=True)
         loss.backward()
         if procs > 1:
@@ -725,7 +761,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         if step % 10 == 0:
             bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}",
                             **({"pointer": f"{sum(pointed[-10:]) / len(pointed[-10:]):.3f}"} if pointed else {}),
-                            **({"count": f"{sum(tallied[-10:]) / len(tallied[-10:]):.3f}"} if tallied else {}))
+                            **({"count": f"{sum(tallied[-10:]) / len(tallied[-10:]):.3f}"} if tallied else {}),
+                            **({"readout": f"{sum(read[-10:]) / len(read[-10:]):.3f}"} if read else {}))
     model.eval()
     seconds = time.perf_counter() - start
     if procs > 1:
@@ -756,6 +793,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              # The supervised attention's weight (PointerProbe); the losses below then include it.
              **({"attend": first["attend"]} if first.get("attend") else {}),
              **({"count_attend": first["count_attend"]} if first.get("count_attend", first.get("attend")) != first.get("attend") else {}),
+             **({"count_readout": first["count_readout"]} if first.get("count_readout") else {}),
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),

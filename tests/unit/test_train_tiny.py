@@ -500,6 +500,7 @@ def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
         batch = batcher.batch(3)
         labels = batch.pop("labels")
         pointed, counted, copied = batch.pop("pointers"), batch.pop("counters"), batch.pop("copies")
+        batch.pop("readouts")
         attentions = model(**batch, output_attentions=True).attentions
         for probe, points, layer, head in ((pointers, pointed, 2, 0), (counters, counted, 2, 2), (copiers, copied, 3, 1)):
             for point in points[:5]:
@@ -516,3 +517,41 @@ def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
         word = tok.decode(batch["input_ids"][row, colour]).strip()
         assert word in PALETTE and batch["input_ids"][row, :colour].tolist().count(model.config.image_token_id) == 16
         assert set(counted[counted[:, 0] == row][:, 1].tolist()) == {colour}
+
+
+def test_count_readouts_say_each_count_where_it_is_taken(tokenizer):
+    """CountLens teaches the residual stream after the counting layer, where a count is taken, to
+    say the count's number: a question's at its colour word (where the copy head reads), a census
+    entry's at its colour word (the position that predicts the number). Its loss must be the
+    cross-entropy of that layer's output read through the model's own final norm and vocabulary."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.train_tiny import COUNT_LAYER, TRAINED_SIZES, Batcher, CountLens
+    from tandem.checkpoints import new_tiny
+
+    torch.manual_seed(0)
+    model, processor, tok = new_tiny(TRAINED_SIZES["large"], tokenizer, 0)
+    batcher = Batcher("large", tok, processor.image_processor, model.config.image_token_id, seed=5,
+                      direct_tiers={"count": 1.0})
+    batcher.attend = True
+    lens = CountLens(model)
+    for mix in ({"direct": 1.0}, {"census": 1.0}):
+        batcher.mix = mix
+        batch = batcher.batch(3)
+        labels, readouts, counted, copied = (batch.pop(k) for k in ("labels", "readouts", "counters", "copies"))
+        batch.pop("pointers")
+        hidden = model.model(**batch, output_hidden_states=True).hidden_states[COUNT_LAYER + 1]
+        assert len(readouts) > 0
+        # One readout per count, at the counting head's query, its token the number the target says there.
+        assert sorted(map(tuple, readouts[:, :2].tolist())) == sorted(set(map(tuple, counted[:, :2].tolist())))
+        for row, at, token in readouts.tolist():
+            if mix == {"direct": 1.0}:
+                assert at == [c for r, _, c in copied.tolist() if r == row][0]  # the question's colour word
+                assert token == labels[row][labels[row] != -100][0]  # the answer's number
+            else:
+                assert token == labels[row, at + 1]  # the census's number after its colour word
+            assert tok.decode([token]).strip().isdigit()
+        expected = F.cross_entropy(model.lm_head(model.model.language_model.norm(hidden[readouts[:, 0], readouts[:, 1]])),
+                                   readouts[:, 2])
+        assert torch.allclose(lens.loss(readouts), expected, atol=1e-5)
