@@ -355,7 +355,7 @@ class Batcher:
                 pointers += [(row, query(at), key(r, c)) for at, (r, c) in pointed_cells(item, objective, target)]
                 for at, counted in counted_cells(item, objective, target):
                     group, q = len(counters), query(at)
-                    number = t[token_at(encoded["offset_mapping"], at)]
+                    number = t[q + 1 - len(p)]  # the token the query predicts: the number's first
                     if objective in ("direct", "transfer"):
                         # A question's count is taken at its colour word, where the colour is the
                         # token itself, and the answer copies it from there (`COPY_LAYER`).
@@ -633,8 +633,7 @@ def load_schedule(path: str | Path) -> list[dict]:
     """The phases of a `--schedule` file: a JSON list, each phase a stage's settings (steps, lr, mix and
     optionally read_first, finish_mix, finish_share, reason_tiers, direct_tiers, attend, count_attend — the
     counting and copying heads' weight, `attend` unless given — and count_readout, `CountLens`'s weight),
-    checked here so a typo
-    fails before the first step, not after ten minutes."""
+    checked here so a typo fails before the first step, not after ten minutes."""
     phases = json.loads(Path(path).read_text())
     if not isinstance(phases, list) or not phases:
         raise ValueError(f"{path}: a schedule is a non-empty JSON list of phases")
@@ -760,10 +759,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         optim.step()
         losses.append(loss.item())
         if step % 10 == 0:
-            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}",
-                            **({"pointer": f"{sum(pointed[-10:]) / len(pointed[-10:]):.3f}"} if pointed else {}),
-                            **({"count": f"{sum(tallied[-10:]) / len(tallied[-10:]):.3f}"} if tallied else {}),
-                            **({"readout": f"{sum(read[-10:]) / len(read[-10:]):.3f}"} if read else {}))
+            shown = {"loss": losses, "pointer": pointed, "count": tallied, "readout": read}
+            bar.set_postfix(**{name: f"{sum(xs[-10:]) / len(xs[-10:]):.3f}" for name, xs in shown.items() if xs})
     model.eval()
     seconds = time.perf_counter() - start
     if procs > 1:
