@@ -54,7 +54,12 @@ where a count is taken, the stream after the counting layer is taught to say the
 the one-run direct count from 66 to 80-84 %, and one run of 12.8 min met F2
 (`benchmarks/schedules/large-readout.json`; not shipped: its own traces score below its direct
 answers, so not F3 — benchmarks/LEVERS.md, supervised attention, where the count is taken, and the
-count said where it is taken).
+count said where it is taken). `trace_attend` teaches three more heads the copies a trace makes
+(`traced_copies`: a word copied from the question, a running sum's previous sum and its addend) and
+`trace_readout` the copied word said at the copy head's layer: the large model's own traces then copy
+right (teacher-forced, 31-38 % -> 100 %) and its count traces went from 0 to 21 of 60 exact in one run
+of 13.5 min (`benchmarks/schedules/large-trace.json`); a compose step's sum modulo 10 is what is left
+(benchmarks/LEVERS.md, the trace's copies).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -273,6 +278,41 @@ def counted_cells(item: GridItem, objective: str, target: str) -> list[tuple[int
     return []
 
 
+VALUE_COPY = re.compile(r"(?<!; )\b(" + "|".join(PALETTE) + r") (\d+) \(")
+COUNTED_COPY = re.compile(r"; (" + "|".join(PALETTE) + r") \d")
+ASKED_COLOUR = re.compile(r"(?:How many|that are) (" + "|".join(PALETTE) + r")\b")
+RUNNING_SUM = re.compile(r"\((\d+)\)")
+TOTAL = re.compile(r"\btotal (\d+)")
+
+
+def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
+    """(kind, character offset in the target, key in the prompt?, character offset of the key) of
+    every word of a trace that copies an earlier word. `copy`, from the question: a compose step's
+    value ("red 3 (3)", from "Values: red 3, ...") and a count trace's counted colour ("...; red 2",
+    from "How many red cells"); `sum`: a running sum or the total, from the sum it adds to ("... (3)
+    green 7 (0)": 0 reads 3 back; "total 0" reads the last). A trace's first sum has nothing before it
+    and a count trace's row count is counted, not copied: neither is here. Compose and count traces,
+    the lookup and tally objectives' targets alike. These are where the one-run large model's own traces
+    went wrong: on 60 held-out items each, 53 of its count traces first wrote another colour than the
+    question's after the row, 46 of its compose traces first a wrong value (benchmarks/LEVERS.md, the
+    trace's copies)."""
+    copies = []
+    for m in VALUE_COPY.finditer(target):
+        listed = re.search(rf"\b{m.group(1)} (\d+)\b", prompt)
+        if listed:
+            copies.append(("copy", m.start(2), True, listed.start(1)))
+    asked = ASKED_COLOUR.search(prompt)
+    copies += [("copy", m.start(1), True, asked.start(1)) for m in COUNTED_COPY.finditer(target) if asked]
+    sums = list(RUNNING_SUM.finditer(target))
+    copies += [("sum", m.start(1), False, before.start(1)) for before, m in zip(sums, sums[1:])]
+    for m in sums:
+        if addend := re.search(r"(\d+) $", target[:m.start()]):
+            copies.append(("addend", m.start(1), False, addend.start(1)))
+    if sums and (total := TOTAL.search(target, sums[-1].end())):
+        copies.append(("sum", total.start(1), False, sums[-1].start(1)))
+    return copies
+
+
 def task_corpus(n: int = 1500, seed: int = 0) -> list[str]:
     """Text of the task as both models will see it, for the tokenizer's merges, plus generic text so
     other questions still tokenize in reasonable pieces."""
@@ -297,8 +337,9 @@ class Batcher:
 
     def __init__(self, role: str, tokenizer, image_processor, image_token_id: int, seed: int,
                  reason_tiers: dict[str, float] | None = None, direct_tiers: dict[str, float] | None = None,
-                 shard: tuple[int, int] = (0, 1)):
+                 shard: tuple[int, int] = (0, 1), item_seed=train_seed):
         self.role, self.tok, self.proc, self.image_token_id = role, tokenizer, image_processor, image_token_id
+        self.item_seed = item_seed  # (seed, index) -> the item's seed: training items unless a probe says
         self.tiers = {"reason": reason_tiers, "direct": direct_tiers}
         self.rng = random.Random(seed)
         self.seed, self.next_item = seed, 0
@@ -317,7 +358,7 @@ class Batcher:
         tier = None
         if tiers := self.tiers.get(objective):
             tier = self.rng.choices(list(tiers), weights=list(tiers.values()))[0]
-        item = grid_item(train_seed(self.seed, self.next_item), tier=tier)
+        item = grid_item(self.item_seed(self.seed, self.next_item), tier=tier)
         self.next_item += 1
         prompt, target = render_example(item, self.role, objective, self.tok, self.rng)
         image = Image.open(io.BytesIO(item.image)).convert("RGB")
@@ -339,6 +380,7 @@ class Batcher:
         pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
         grid = pix["image_grid_thw"]
         ids, labels, pointers, counters, copies, readouts = [], [], [], [], [], []
+        traced, copied = {kind: [] for kind in TRACE_HEADS}, []
         for row, ((prompt, target, _, (item, objective)), thw) in enumerate(zip(rows, grid)):
             n = int(thw.prod()) // self.proc.merge_size ** 2
             prompt = prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * n)
@@ -364,6 +406,14 @@ class Batcher:
                         q = colour
                     counters += [(row, q, k, group) for k in [cells[0] - 1] + [key(r, c) for r, c in counted]]
                     readouts.append((row, q, number))
+            if self.attend:
+                for kind, at, in_prompt, source in traced_copies(prompt, target):
+                    key = (token_at(asked["offset_mapping"], source) if in_prompt
+                           else len(p) + token_at(encoded["offset_mapping"], source))
+                    q = len(p) - 1 + token_at(encoded["offset_mapping"], at)
+                    traced[kind].append((row, q, key))
+                    if kind == "copy":  # what the copy head fetches is the token the query predicts
+                        copied.append((row, q, t[q + 1 - len(p)]))
             ids.append(p + t)
             labels.append([-100] * len(p) + t)
         width = max(map(len, ids))
@@ -377,7 +427,10 @@ class Batcher:
                 **({"pointers": torch.tensor(pointers, dtype=torch.long).reshape(-1, 3),
                     "counters": torch.tensor(counters, dtype=torch.long).reshape(-1, 4),
                     "copies": torch.tensor(copies, dtype=torch.long).reshape(-1, 3),
-                    "readouts": torch.tensor(readouts, dtype=torch.long).reshape(-1, 3)} if self.attend else {})}
+                    "readouts": torch.tensor(readouts, dtype=torch.long).reshape(-1, 3),
+                    **{f"{kind}_copies": torch.tensor(found, dtype=torch.long).reshape(-1, 3)
+                       for kind, found in traced.items()},
+                    "copy_readouts": torch.tensor(copied, dtype=torch.long).reshape(-1, 3)} if self.attend else {})}
 
 
 def batch_stream(batcher: Batcher, steps: int, batch_size: int, schedule, workers: int):
@@ -465,6 +518,10 @@ def batch_vision_attention(model) -> None:
 # 49 % counting at the answer in this layer, 33-44 % a layer earlier (at the answer or the colour word).
 COUNT_LAYER, COUNT_HEAD = 2, 2
 COPY_LAYER, COPY_HEAD = 3, 1
+# The trace's copies (`traced_copies`, a phase's `trace_attend`): the pointer's layer, each the other
+# head of one key/value group — a word copied from the question beside the pointer (both fetch the word
+# said next), a running sum's previous sum beside the counting head.
+TRACE_HEADS = {"copy": (2, 1), "sum": (2, 3), "addend": (1, 0)}
 
 
 class PointerProbe:
@@ -626,13 +683,15 @@ def from_checkpoint(ref: str):
 
 
 PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", "reason_tiers", "direct_tiers",
-              "attend", "count_attend", "count_readout")
+              "attend", "count_attend", "count_readout", "trace_attend", "trace_readout")
 
 
 def load_schedule(path: str | Path) -> list[dict]:
     """The phases of a `--schedule` file: a JSON list, each phase a stage's settings (steps, lr, mix and
     optionally read_first, finish_mix, finish_share, reason_tiers, direct_tiers, attend, count_attend — the
-    counting and copying heads' weight, `attend` unless given — and count_readout, `CountLens`'s weight),
+    counting and copying heads' weight, `attend` unless given —, count_readout, `CountLens`'s weight,
+    trace_attend, the trace's copying heads' weight, and trace_readout, what the copy head copies said at
+    its layer's output),
     checked here so a typo fails before the first step, not after ten minutes."""
     phases = json.loads(Path(path).read_text())
     if not isinstance(phases, list) or not phases:
@@ -651,7 +710,7 @@ def load_schedule(path: str | Path) -> list[dict]:
                 raise ValueError(f"{path}: phase {n}'s {key} names unknown tiers {sorted(unknown)}")
     return [{"read_first": 0.0, "finish_mix": None, "finish_share": None, "reason_tiers": None,
              "direct_tiers": None, "attend": 0.0, "count_attend": phase.get("attend", 0.0), "count_readout": 0.0,
-             **phase} for phase in phases]
+             "trace_attend": 0.0, "trace_readout": 0.0, **phase} for phase in phases]
 
 
 def phase_of(phases: list[dict], step: int) -> tuple[int, int]:
@@ -714,15 +773,17 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     probe = PointerProbe(model) if any(p.get("attend", 0.0) > 0 or p.get("count_attend", 0.0) > 0 for p in phases) else None
     counter = PointerProbe(model, layer=COUNT_LAYER, head=COUNT_HEAD) if probe else None
     copier = PointerProbe(model, layer=COPY_LAYER, head=COPY_HEAD) if probe else None
-    lens = CountLens(model) if any(p.get("count_readout", 0.0) > 0 for p in phases) else None
-    pointed, tallied, read = [], [], []
+    tracers = ({kind: PointerProbe(model, layer=layer, head=head) for kind, (layer, head) in TRACE_HEADS.items()}
+               if any(p.get("trace_attend", 0.0) > 0 for p in phases) else {})
+    lens = CountLens(model) if any(p.get(k, 0.0) > 0 for p in phases for k in ("count_readout", "trace_readout")) else None
+    pointed, tallied, read, traced, said = [], [], [], [], []
 
     def plan(step: int) -> tuple[dict, dict, bool]:
         phase, at = phase_of(phases, step)
         p = phases[phase]
         return (mix_at(at, p["steps"], p["read_first"], p["mix"], p["finish_mix"], p["finish_share"]),
                 {"reason": p["reason_tiers"], "direct": p["direct_tiers"]},
-                p.get("attend", 0.0) > 0 or p.get("count_attend", 0.0) > 0)
+                any(p.get(k, 0.0) > 0 for k in ("attend", "count_attend", "trace_attend", "trace_readout")))
 
     stream = batch_stream(batcher, total, batch_size, workers=data_workers, schedule=plan)
     bar = tqdm(stream, total=total, desc=f"train {role}", disable=not progress or rank > 0, mininterval=2)
@@ -735,8 +796,12 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             group["lr"] = lr_at(at, p["steps"], p["lr"], warmup=max(1, p["steps"] // 20))
         labels, pointers, counters = batch.pop("labels"), batch.pop("pointers", None), batch.pop("counters", None)
         copies, readouts = batch.pop("copies", None), batch.pop("readouts", None)
+        trace_copies = {kind: batch.pop(f"{kind}_copies", None) for kind in TRACE_HEADS}
+        copy_readouts = batch.pop("copy_readouts", None)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = answer_loss(model, batch, labels)
+            if not (p.get("attend", 0.0) > 0 or p.get("count_attend", 0.0) > 0):
+                pointers = counters = copies = None  # a phase that points only at the trace's copies
             if pointers is not None and len(pointers):
                 aux = probe.loss(pointers)
                 pointed.append(aux.item())
@@ -747,6 +812,16 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
                 loss = loss + p.get("count_attend", p["attend"]) * aux
             if copies is not None and len(copies):
                 loss = loss + p.get("count_attend", p["attend"]) * copier.loss(copies)
+            if p.get("trace_attend", 0.0) > 0:
+                found = [(kind, rows) for kind, rows in trace_copies.items() if rows is not None and len(rows)]
+                if found:
+                    aux = sum(tracers[kind].loss(rows) for kind, rows in found) / len(found)
+                    traced.append(aux.item())
+                    loss = loss + p["trace_attend"] * aux
+            if p.get("trace_readout", 0.0) > 0 and copy_readouts is not None and len(copy_readouts):
+                aux = lens.loss(copy_readouts)
+                said.append(aux.item())
+                loss = loss + p["trace_readout"] * aux
             if lens is not None and p.get("count_readout", 0.0) > 0 and readouts is not None and len(readouts):
                 aux = lens.loss(readouts)
                 read.append(aux.item())
@@ -759,7 +834,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         optim.step()
         losses.append(loss.item())
         if step % 10 == 0:
-            shown = {"loss": losses, "pointer": pointed, "count": tallied, "readout": read}
+            shown = {"loss": losses, "pointer": pointed, "count": tallied, "readout": read, "trace": traced, "said": said}
             bar.set_postfix(**{name: f"{sum(xs[-10:]) / len(xs[-10:]):.3f}" for name, xs in shown.items() if xs})
     model.eval()
     seconds = time.perf_counter() - start
@@ -792,6 +867,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              **({"attend": first["attend"]} if first.get("attend") else {}),
              **({"count_attend": first["count_attend"]} if first.get("count_attend", first.get("attend")) != first.get("attend") else {}),
              **({"count_readout": first["count_readout"]} if first.get("count_readout") else {}),
+             **({"trace_attend": first["trace_attend"]} if first.get("trace_attend") else {}),
+             **({"trace_readout": first["trace_readout"]} if first.get("trace_readout") else {}),
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),

@@ -3,6 +3,7 @@ tandem/prompts.py, tokenized the way the engine tokenizes them), and a short run
 
 import json
 import random
+import re
 
 import pytest
 
@@ -477,6 +478,54 @@ def test_counted_cells_are_the_cells_each_number_counts():
     assert checked > 60
 
 
+def test_traced_copies_point_each_copy_at_its_source():
+    """A compose step's value points at the question's value for that colour, a count trace's counted
+    colour at the question's colour, a running sum at the sum it adds to and at what it adds (the value
+    or the row's count just before it), the total at the last sum;
+    recomputed here from the grid and the question, so a pointer at a wrong word would fail."""
+    from benchmarks.grid import line_of
+    from benchmarks.train_tiny import row_tally, traced_copies, value_sum
+
+    rng = random.Random(2)
+    seen = {"copy": 0, "sum": 0, "compose traces": 0, "count traces": 0}
+    number = lambda text, at: int(re.match(r"\d+", text[at:]).group())  # noqa: E731
+    word = lambda text, at: re.match(r"\w+", text[at:]).group()  # noqa: E731
+    for i in range(24):
+        item = grid_item(train_seed(0, i), tier=("count", "compose")[i % 2])
+        trace = render_example(item, "large", "reason", None, rng)
+        for prompt, target in (trace, value_sum(rng), row_tally(item.cells, rng)):
+            copies = traced_copies(prompt, target)
+            copied = [(at, src) for kind, at, in_prompt, src in copies if kind == "copy" and in_prompt]
+            sums = [(at, src) for kind, at, in_prompt, src in copies if kind == "sum" and not in_prompt]
+            addends = [(at, src) for kind, at, in_prompt, src in copies if kind == "addend" and not in_prompt]
+            assert len(copied) + len(sums) + len(addends) == len(copies)
+            # every running sum (the first too) reads what it adds: the number just before it
+            assert [at for at, _ in addends] == [m.start(1) for m in re.finditer(r"\((\d+)\)", target)]
+            if item.kind == "row_sum" and target == trace[1]:
+                read = line_of(item.cells, item.kind, item.target[0])
+                assert [number(prompt, src) for _, src in copied] == [dict(item.target[1])[c] for c in read]
+                running = [sum(dict(item.target[1])[c] for c in read[:k + 1]) % 10 for k in range(len(read))]
+                assert [number(target, at) for at, _ in sums] == running[1:] + running[-1:]
+                assert [number(target, src) for _, src in sums] == running
+                assert [number(target, src) for _, src in addends] == [dict(item.target[1])[c] for c in read]
+                seen["compose traces"] += 1
+            if item.kind == "count" and target == trace[1]:
+                assert [word(prompt, src) for _, src in copied] == [item.target] * len(item.cells)
+                per_row = [row.count(item.target) for row in item.cells]
+                running = [sum(per_row[:k + 1]) for k in range(len(per_row))]
+                assert [number(target, at) for at, _ in sums] == running[1:] + running[-1:]
+                assert [number(target, src) for _, src in sums] == running
+                assert [number(target, src) for _, src in addends] == per_row
+                seen["count traces"] += 1
+            for at, src in copied:  # the word written is the word read
+                assert word(target, at) == word(prompt, src)
+            for at, src in sums + addends:
+                assert src < at
+            seen["copy"] += len(copied)
+            seen["sum"] += len(sums)
+    assert seen["copy"] > 100 and seen["sum"] > 100 and seen["compose traces"] > 5 and seen["count traces"] > 5
+
+
 def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
     """PointerProbe recomputes one head's attention from the layer's projections: its loss must be
     minus the log of the weight the model's own (eager) attention gives the pointed key."""
@@ -517,6 +566,47 @@ def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
         word = tok.decode(batch["input_ids"][row, colour]).strip()
         assert word in PALETTE and batch["input_ids"][row, :colour].tolist().count(model.config.image_token_id) == 16
         assert set(counted[counted[:, 0] == row][:, 1].tolist()) == {colour}
+
+
+def test_trace_copy_heads_are_taught_at_the_copied_tokens(tokenizer):
+    """In a batch, each copy's query predicts the very token its key holds (the question's value or
+    colour), each sum's keys are the earlier sum's token and the addend just before it; the probes on
+    TRACE_HEADS read those heads' own (eager) attention, and the copies' readouts name the copied token."""
+    import torch
+
+    from benchmarks.train_tiny import TRACE_HEADS, TRAINED_SIZES, Batcher, PointerProbe
+    from tandem.checkpoints import new_tiny
+
+    torch.manual_seed(0)
+    model, processor, tok = new_tiny(TRAINED_SIZES["large"], tokenizer, 0)
+    model.set_attn_implementation("eager")
+    batcher = Batcher("large", tok, processor.image_processor, model.config.image_token_id, seed=4,
+                      reason_tiers={"count": 0.5, "compose": 0.5})
+    batcher.attend = True
+    probes = {kind: PointerProbe(model, layer=layer, head=head) for kind, (layer, head) in TRACE_HEADS.items()}
+    for mix in ({"reason": 1.0}, {"lookup": 1.0}):
+        batcher.mix = mix
+        batch = batcher.batch(2)
+        labels = batch.pop("labels")
+        found = {kind: batch.pop(f"{kind}_copies") for kind in TRACE_HEADS}
+        for key in ("pointers", "counters", "copies", "readouts"):
+            batch.pop(key)
+        said = batch.pop("copy_readouts")
+        assert said.tolist() == [[row, q, int(batch["input_ids"][row, k])] for row, q, k in found["copy"].tolist()]
+        assert len(found["copy"]) >= 8 and len(found["sum"]) >= 8
+        for row, q, k in found["copy"].tolist():
+            assert labels[row, q + 1] == batch["input_ids"][row, k] and labels[row, k] == -100  # from the prompt
+        assert [k for _, _, k in found["addend"].tolist()] == [q - 1 for _, q, _ in found["addend"].tolist()]
+        for row, q, k in found["sum"].tolist():
+            assert k < q and labels[row, k] != -100  # an earlier word of the target
+            assert tok.decode(batch["input_ids"][row, k]).strip().isdigit()
+            assert tok.decode(labels[row, q + 1]).strip().isdigit()
+        attentions = model(**batch, output_attentions=True).attentions
+        for kind, (layer, head) in TRACE_HEADS.items():
+            for point in found[kind][:6]:
+                row, q, k = point.tolist()
+                weight = attentions[layer][row, head, q, k]
+                assert torch.allclose(probes[kind].loss(point[None]), -weight.log(), atol=1e-4)
 
 
 def test_count_readouts_say_each_count_where_it_is_taken(tokenizer):

@@ -1,0 +1,89 @@
+"""Where a trained model's own traces lose a copied word: for each kind of copy a trace makes
+(`benchmarks.train_tiny.traced_copies`), how much of its head's attention sits on the word it copies,
+and how often the model, fed the program's trace up to there (teacher forcing), says the right word.
+
+    python -m benchmarks.copy_probe --model trained:large
+    python -m benchmarks.copy_probe --model /tmp/run/large --n 64
+
+Kinds: `copy` — a word copied from the question (a compose step's value, a count trace's counted
+colour); `sum` — a running sum or the total, at the sum it adds to; `addend` — the same running sum,
+at what it adds (the value or the row's count just before it). Each is measured on three kinds of
+example: compose traces, count traces (the reasoning prompt) and the `lookup` objective (values named
+in the text). `weight` is the mean attention the kind's head (`TRACE_HEADS`) gives the source word —
+high when the head was taught to point there, near zero otherwise — and `right` the share of those
+positions whose greedy next token is the trace's. A kind whose head points right and whose words are
+still wrong is losing the word after the attention (the copy's value path, or a sum's arithmetic).
+Items: seeds from 3 * EVAL_SEED_BASE on, disjoint from training, from `benchmarks.strategies`' held-out
+items and from `benchmarks.count_probe`'s. The last line is JSON: `{"benchmark": "copy_probe", "model",
+"n", "rows": {example: {kind: {"positions", "weight", "right"}}}}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from benchmarks.grid import EVAL_SEED_BASE
+
+EXAMPLES = {"compose traces": ({"reason": 1.0}, {"compose": 1.0}),
+            "count traces": ({"reason": 1.0}, {"count": 1.0}),
+            "lookup": ({"lookup": 1.0}, None)}
+
+
+def measure(model, processor, tokenizer, n: int) -> dict:
+    """{example: {kind: {"positions", "weight", "right"}}} over n examples of each."""
+    import torch
+
+    from benchmarks.train_tiny import TRACE_HEADS, Batcher, PointerProbe
+
+    probes = {kind: PointerProbe(model, layer=layer, head=head) for kind, (layer, head) in TRACE_HEADS.items()}
+    rows = {}
+    for name, (mix, tiers) in EXAMPLES.items():
+        batcher = Batcher("large", tokenizer, processor.image_processor, model.config.image_token_id, seed=0,
+                          reason_tiers=tiers, item_seed=lambda seed, i: 3 * EVAL_SEED_BASE + i)
+        batcher.attend, batcher.mix = True, mix
+        batch = batcher.batch(n)
+        labels = batch.pop("labels")
+        found = {kind: batch.pop(f"{kind}_copies") for kind in TRACE_HEADS}
+        for key in ("pointers", "counters", "copies", "readouts", "copy_readouts"):
+            batch.pop(key)
+        with torch.no_grad():
+            logits = model(**batch).logits
+            rows[name] = {}
+            for kind, at in found.items():
+                if not len(at):
+                    continue
+                row, query, _ = at.unbind(1)
+                # the probe's loss per position is minus the log of the head's weight on the source
+                weight = torch.stack([(-probes[kind].loss(point[None])).exp() for point in at]).mean()
+                right = (logits[row, query].argmax(-1) == labels[row, query + 1]).float().mean()
+                rows[name][kind] = {"positions": len(at), "weight": round(float(weight), 3),
+                                    "right": round(float(right), 3)}
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="trained:large", help="a checkpoint reference or path")
+    parser.add_argument("--n", type=int, default=32, help="examples of each kind (one batch)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from benchmarks.train_tiny import from_checkpoint
+
+    torch.set_num_threads(1)
+    model, processor, tokenizer, _ = from_checkpoint(args.model)
+    model.eval()
+    rows = measure(model, processor, tokenizer, args.n)
+    print(f"{args.model}: {args.n} held-out examples of each kind, teacher-forced")
+    print(f"{'example':<16} {'kind':<7} {'positions':>9} {'weight':>7} {'right':>7}")
+    for name, kinds in rows.items():
+        for kind, r in kinds.items():
+            print(f"{name:<16} {kind:<7} {r['positions']:>9} {r['weight']:>7.1%} {r['right']:>7.1%}")
+    print(json.dumps({"benchmark": "copy_probe", "model": args.model, "n": args.n, "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
