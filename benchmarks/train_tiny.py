@@ -290,8 +290,9 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     every word of a trace that copies an earlier word. `copy`, from the question: a compose step's
     value ("red 3 (3)", from "Values: red 3, ...") and a count trace's counted colour ("...; red 2",
     from "How many red cells"); `sum`: a running sum or the total, from the sum it adds to ("... (3)
-    green 7 (0)": 0 reads 3 back; "total 0" reads the last). A trace's first sum has nothing before it
-    and a count trace's row count is counted, not copied: neither is here. Compose and count traces,
+    green 7 (0)": 0 reads 3 back; "total 0" reads the last; a trace's first sum has none); `addend`:
+    every running sum, from what it adds (the number just before it: "7" in "green 7 (0)"). A count
+    trace's row count is counted from the image, not copied: it is not here. Compose and count traces,
     the lookup and tally objectives' targets alike. These are where the one-run large model's own traces
     went wrong: on 60 held-out items each, 53 of its count traces first wrote another colour than the
     question's after the row, 46 of its compose traces first a wrong value (benchmarks/LEVERS.md, the
@@ -518,10 +519,13 @@ def batch_vision_attention(model) -> None:
 # 49 % counting at the answer in this layer, 33-44 % a layer earlier (at the answer or the colour word).
 COUNT_LAYER, COUNT_HEAD = 2, 2
 COPY_LAYER, COPY_HEAD = 3, 1
-# The trace's copies (`traced_copies`, a phase's `trace_attend`): the pointer's layer, each the other
+# The trace's copies (`traced_copies`, a phase's `trace_attend`): in the pointer's layer, each the other
 # head of one key/value group — a word copied from the question beside the pointer (both fetch the word
-# said next), a running sum's previous sum beside the counting head.
+# said next), a running sum's previous sum beside the counting head; a sum's addend, the token just
+# before it, a layer earlier, so that both terms are at the sum's position when layer 2 adds them.
+# `trace_readout` reads the copy at this layer's output with `CountLens` (the counting layer, the same).
 TRACE_HEADS = {"copy": (2, 1), "sum": (2, 3), "addend": (1, 0)}
+assert TRACE_HEADS["copy"][0] == COUNT_LAYER
 
 
 class PointerProbe:
