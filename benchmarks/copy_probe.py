@@ -68,13 +68,9 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=32, help="examples of each kind (one batch)")
     args = parser.parse_args(argv)
 
-    import torch
+    from benchmarks.train_tiny import probed_model
 
-    from benchmarks.train_tiny import from_checkpoint
-
-    torch.set_num_threads(1)
-    model, processor, tokenizer, _ = from_checkpoint(args.model)
-    model.eval()
+    model, processor, tokenizer = probed_model(args.model)
     rows = measure(model, processor, tokenizer, args.n)
     print(f"{args.model}: {args.n} held-out examples of each kind, teacher-forced")
     print(f"{'example':<16} {'kind':<7} {'positions':>9} {'weight':>7} {'right':>7}")

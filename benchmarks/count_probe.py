@@ -92,13 +92,9 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=1500, help="questions drawn (count questions kept)")
     args = parser.parse_args(argv)
 
-    import torch
+    from benchmarks.train_tiny import probed_model
 
-    from benchmarks.train_tiny import from_checkpoint
-
-    torch.set_num_threads(1)
-    model, processor, tokenizer, _ = from_checkpoint(args.model)
-    model.eval()
+    model, processor, tokenizer = probed_model(args.model)
     answer, colour, counts, right = hidden_states(model, processor, tokenizer, args.n)
     probes = {"answer": [round(probe_accuracy(answer[:, layer], counts), 3) for layer in range(answer.shape[1])],
               "colour_word": [round(probe_accuracy(colour[:, layer], counts), 3) for layer in range(colour.shape[1])]}

@@ -686,6 +686,16 @@ def from_checkpoint(ref: str):
     return AutoModelForImageTextToText.from_pretrained(path), processor, processor.tokenizer, facts
 
 
+def probed_model(ref: str):
+    """(model, processor, tokenizer) of a checkpoint to probe: one thread, as a replica runs, in eval
+    mode (`benchmarks.count_probe`, `benchmarks.copy_probe`)."""
+    import torch
+
+    torch.set_num_threads(1)
+    model, processor, tokenizer, _ = from_checkpoint(ref)
+    return model.eval(), processor, tokenizer
+
+
 PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", "reason_tiers", "direct_tiers",
               "attend", "count_attend", "count_readout", "trace_attend", "trace_readout")
 
