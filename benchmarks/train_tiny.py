@@ -727,6 +727,12 @@ def load_schedule(path: str | Path) -> list[dict]:
              "trace_attend": 0.0, "trace_readout": 0.0, **phase} for phase in phases]
 
 
+def weighs(phase: dict, *losses: str) -> bool:
+    """Whether a phase gives any of these auxiliary losses a weight (a phase from the command line
+    names none of them)."""
+    return any(phase.get(name, 0.0) > 0 for name in losses)
+
+
 def phase_of(phases: list[dict], step: int) -> tuple[int, int]:
     """(phase index, step within that phase) of a run's step."""
     for index, phase in enumerate(phases):
@@ -784,12 +790,12 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
                       direct_tiers=first["direct_tiers"], shard=(rank, procs))
     model.train()
     losses, start, items = [], time.perf_counter(), 0
-    probe = PointerProbe(model) if any(p.get("attend", 0.0) > 0 or p.get("count_attend", 0.0) > 0 for p in phases) else None
+    probe = PointerProbe(model) if any(weighs(p, "attend", "count_attend") for p in phases) else None
     counter = PointerProbe(model, layer=COUNT_LAYER, head=COUNT_HEAD) if probe else None
     copier = PointerProbe(model, layer=COPY_LAYER, head=COPY_HEAD) if probe else None
     tracers = ({kind: PointerProbe(model, layer=layer, head=head) for kind, (layer, head) in TRACE_HEADS.items()}
-               if any(p.get("trace_attend", 0.0) > 0 for p in phases) else {})
-    lens = CountLens(model) if any(p.get(k, 0.0) > 0 for p in phases for k in ("count_readout", "trace_readout")) else None
+               if any(weighs(p, "trace_attend") for p in phases) else {})
+    lens = CountLens(model) if any(weighs(p, "count_readout", "trace_readout") for p in phases) else None
     pointed, tallied, read, traced, said = [], [], [], [], []
 
     def plan(step: int) -> tuple[dict, dict, bool]:
@@ -797,7 +803,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         p = phases[phase]
         return (mix_at(at, p["steps"], p["read_first"], p["mix"], p["finish_mix"], p["finish_share"]),
                 {"reason": p["reason_tiers"], "direct": p["direct_tiers"]},
-                any(p.get(k, 0.0) > 0 for k in ("attend", "count_attend", "trace_attend", "trace_readout")))
+                weighs(p, "attend", "count_attend", "trace_attend", "trace_readout"))
 
     stream = batch_stream(batcher, total, batch_size, workers=data_workers, schedule=plan)
     bar = tqdm(stream, total=total, desc=f"train {role}", disable=not progress or rank > 0, mininterval=2)
@@ -814,7 +820,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         copy_readouts = batch.pop("copy_readouts", None)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = answer_loss(model, batch, labels)
-            if not (p.get("attend", 0.0) > 0 or p.get("count_attend", 0.0) > 0):
+            if not weighs(p, "attend", "count_attend"):
                 pointers = counters = copies = None  # a phase that points only at the trace's copies
             if pointers is not None and len(pointers):
                 aux = probe.loss(pointers)
@@ -826,17 +832,17 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
                 loss = loss + p.get("count_attend", p["attend"]) * aux
             if copies is not None and len(copies):
                 loss = loss + p.get("count_attend", p["attend"]) * copier.loss(copies)
-            if p.get("trace_attend", 0.0) > 0:
+            if weighs(p, "trace_attend"):
                 found = [(kind, rows) for kind, rows in trace_copies.items() if rows is not None and len(rows)]
                 if found:
                     aux = sum(tracers[kind].loss(rows) for kind, rows in found) / len(found)
                     traced.append(aux.item())
                     loss = loss + p["trace_attend"] * aux
-            if p.get("trace_readout", 0.0) > 0 and copy_readouts is not None and len(copy_readouts):
+            if weighs(p, "trace_readout") and copy_readouts is not None and len(copy_readouts):
                 aux = lens.loss(copy_readouts)
                 said.append(aux.item())
                 loss = loss + p["trace_readout"] * aux
-            if lens is not None and p.get("count_readout", 0.0) > 0 and readouts is not None and len(readouts):
+            if lens is not None and weighs(p, "count_readout") and readouts is not None and len(readouts):
                 aux = lens.loss(readouts)
                 read.append(aux.item())
                 loss = loss + p["count_readout"] * aux
