@@ -7,15 +7,18 @@ and how often the model, fed the program's trace up to there (teacher forcing), 
 
 Kinds: `copy` — a word copied from the question (a compose step's value, a count trace's counted
 colour); `sum` — a running sum or the total, at the sum it adds to; `addend` — the same running sum,
-at what it adds (the value or the row's count just before it). Each is measured on three kinds of
-example: compose traces, count traces (the reasoning prompt) and the `lookup` objective (values named
-in the text). `weight` is the mean attention the kind's head (`TRACE_HEADS`) gives the source word —
-high when the head was taught to point there, near zero otherwise — and `right` the share of those
-positions whose greedy next token is the trace's. A kind whose head points right and whose words are
-still wrong is losing the word after the attention (the copy's value path, or a sum's arithmetic).
-Items: seeds from 3 * EVAL_SEED_BASE on, disjoint from training, from `benchmarks.strategies`' held-out
-items and from `benchmarks.count_probe`'s. The last line is JSON: `{"benchmark": "copy_probe", "model",
-"n", "rows": {example: {kind: {"positions", "weight", "right"}}}}`.
+at what it adds (the value or the row's count just before it); `place` — a row or column number
+copied from the question (a colour trace's "row 2, column 3", a compose trace's row). Each is
+measured on four kinds of example: colour traces (the perceive tier's, mostly a named cell's),
+compose traces, count traces (the reasoning prompt) and the `lookup` objective (values named in the
+text). `weight` is the mean attention the kind's head (`TRACE_HEADS`, or where the model's training
+put it) gives the source word — high when the head was taught to point there, near zero otherwise —
+and `right` the share of those positions whose greedy next token is the trace's. A kind whose head
+points right and whose words are still wrong is losing the word after the attention (the copy's
+value path, or a sum's arithmetic). Items: seeds from 3 * EVAL_SEED_BASE on, disjoint from training,
+from `benchmarks.strategies`' held-out items and from `benchmarks.count_probe`'s. The last line is
+JSON: `{"benchmark": "copy_probe", "model", "n", "rows": {example: {kind: {"positions", "weight",
+"right"}}}}`.
 """
 
 from __future__ import annotations
@@ -25,18 +28,21 @@ import json
 
 from benchmarks.grid import EVAL_SEED_BASE
 
-EXAMPLES = {"compose traces": ({"reason": 1.0}, {"compose": 1.0}),
+EXAMPLES = {"colour traces": ({"reason": 1.0}, {"perceive": 1.0}),
+            "compose traces": ({"reason": 1.0}, {"compose": 1.0}),
             "count traces": ({"reason": 1.0}, {"count": 1.0}),
             "lookup": ({"lookup": 1.0}, None)}
 
 
-def measure(model, processor, tokenizer, n: int) -> dict:
-    """{example: {kind: {"positions", "weight", "right"}}} over n examples of each."""
+def measure(model, processor, tokenizer, n: int, heads: dict | None = None) -> dict:
+    """{example: {kind: {"positions", "weight", "right"}}} over n examples of each; heads: {kind: (layer,
+    head)}, `TRACE_HEADS` unless given."""
     import torch
 
     from benchmarks.train_tiny import TRACE_HEADS, Batcher, PointerProbe
 
-    probes = {kind: PointerProbe(model, layer=layer, head=head) for kind, (layer, head) in TRACE_HEADS.items()}
+    heads = heads or TRACE_HEADS
+    probes = {kind: PointerProbe(model, layer=layer, head=head) for kind, (layer, head) in heads.items()}
     rows = {}
     for name, (mix, tiers) in EXAMPLES.items():
         batcher = Batcher("large", tokenizer, processor.image_processor, model.config.image_token_id, seed=0,
@@ -45,7 +51,7 @@ def measure(model, processor, tokenizer, n: int) -> dict:
         batch = batcher.batch(n)
         labels = batch.pop("labels")
         found = {kind: batch.pop(f"{kind}_copies") for kind in TRACE_HEADS}
-        for key in ("pointers", "counters", "copies", "readouts", "copy_readouts"):
+        for key in ("pointers", "counters", "copies", "readouts", "copy_readouts", "place_readouts"):
             batch.pop(key)
         with torch.no_grad():
             logits = model(**batch).logits
@@ -68,10 +74,12 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=32, help="examples of each kind (one batch)")
     args = parser.parse_args(argv)
 
-    from benchmarks.train_tiny import probed_model
+    from benchmarks.train_tiny import probed_model, trace_heads
 
-    model, processor, tokenizer = probed_model(args.model)
-    rows = measure(model, processor, tokenizer, args.n)
+    model, processor, tokenizer, facts = probed_model(args.model)
+    # a run that moved a kind to another head (a phase's `trace_heads`) is probed at that head
+    heads = trace_heads((facts or {}).get("phases", [{}])[-1])
+    rows = measure(model, processor, tokenizer, args.n, heads)
     print(f"{args.model}: {args.n} held-out examples of each kind, teacher-forced")
     print(f"{'example':<16} {'kind':<7} {'positions':>9} {'weight':>7} {'right':>7}")
     for name, kinds in rows.items():

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
 
     from benchmarks.train_tiny import probed_model
 
-    model, processor, tokenizer = probed_model(args.model)
+    model, processor, tokenizer, _ = probed_model(args.model)
     answer, colour, counts, right = hidden_states(model, processor, tokenizer, args.n)
     probes = {"answer": [round(probe_accuracy(answer[:, layer], counts), 3) for layer in range(answer.shape[1])],
               "colour_word": [round(probe_accuracy(colour[:, layer], counts), 3) for layer in range(colour.shape[1])]}

@@ -58,8 +58,12 @@ count said where it is taken). `trace_attend` teaches three more heads the copie
 (`traced_copies`: a word copied from the question, a running sum's previous sum and its addend) and
 `trace_readout` the copied word said at the copy head's layer: the large model's own traces then copy
 right (teacher-forced, 31-38 % -> 100 %) and its count traces went from 0 to 21 of 60 exact in one run
-of 13.5 min (`benchmarks/schedules/large-trace.json`); a compose step's sum modulo 10 is what is left
-(benchmarks/LEVERS.md, the trace's copies).
+of 13.5 min (`benchmarks/schedules/large-trace.json`); a phase's `trace_kinds` adds `place` (a row or
+column a trace copies from the question: the colour traces' first error, fixed in one run of 13.7 min,
+`benchmarks/schedules/large-place.json`), its `trace_heads` moves a kind to another head, and a first
+phase's `number_init` starts the number tokens on circles (`init_number_embeddings`). A running sum
+modulo 10 is what is left: neither of the last two taught it, twice the lookup did and cost the
+one-pass count (benchmarks/LEVERS.md, the trace's copies; the trace's places and sums).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -283,6 +287,7 @@ COUNTED_COPY = re.compile(r"; (" + "|".join(PALETTE) + r") \d")
 ASKED_COLOUR = re.compile(r"(?:How many|that are) (" + "|".join(PALETTE) + r")\b")
 RUNNING_SUM = re.compile(r"\((\d+)\)")
 TOTAL = re.compile(r"\btotal (\d+)")
+PLACE = re.compile(r"\b(row|column) (\d+)\b")
 
 
 def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
@@ -291,12 +296,15 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     value ("red 3 (3)", from "Values: red 3, ...") and a count trace's counted colour ("...; red 2",
     from "How many red cells"); `sum`: a running sum or the total, from the sum it adds to ("... (3)
     green 7 (0)": 0 reads 3 back; "total 0" reads the last; a trace's first sum has none); `addend`:
-    every running sum, from what it adds (the number just before it: "7" in "green 7 (0)"). A count
-    trace's row count is counted from the image, not copied: it is not here. Compose and count traces,
-    the lookup and tally objectives' targets alike. These are where the one-run large model's own traces
-    went wrong: on 60 held-out items each, 53 of its count traces first wrote another colour than the
-    question's after the row, 46 of its compose traces first a wrong value (benchmarks/LEVERS.md, the
-    trace's copies)."""
+    every running sum, from what it adds (the number just before it: "7" in "green 7 (0)"); `place`, from
+    the question: a row or column number the question names ("row 2, column 3: green." for "... in row 2,
+    column 3?", a compose trace's "row 3:", a cell reading's eight cells, the k-th written for the k-th
+    asked). A count trace's row count is counted from the image, not copied: it is not here. Compose,
+    count and colour traces, the lookup, tally and cell-reading targets alike. These are where the
+    one-run large model's own traces went wrong: on 60 held-out items each, 53 of its count traces first
+    wrote another colour than the question's after the row, 46 of its compose traces first a wrong value
+    (benchmarks/LEVERS.md, the trace's copies); with those taught, 14 of the 19 wrong of 60 colour traces
+    first wrote another row or column than the question's (session 24)."""
     copies = []
     for m in VALUE_COPY.finditer(target):
         listed = re.search(rf"\b{m.group(1)} (\d+)\b", prompt)
@@ -311,6 +319,12 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
             copies.append(("addend", m.start(1), False, addend.start(1)))
     if sums and (total := TOTAL.search(target, sums[-1].end())):
         copies.append(("sum", total.start(1), False, sums[-1].start(1)))
+    for axis in ("row", "column"):
+        asked = [m for m in PLACE.finditer(prompt) if m.group(1) == axis]
+        written = [m for m in PLACE.finditer(target) if m.group(1) == axis]
+        if len(asked) == len(written):  # the k-th place written is the k-th asked, or none is a copy
+            copies += [("place", w.start(2), True, a.start(2)) for a, w in zip(asked, written)
+                       if a.group(2) == w.group(2)]
     return copies
 
 
@@ -381,7 +395,7 @@ class Batcher:
         pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
         grid = pix["image_grid_thw"]
         ids, labels, pointers, counters, copies, readouts = [], [], [], [], [], []
-        traced, copied = {kind: [] for kind in TRACE_HEADS}, []
+        traced, copied = {kind: [] for kind in TRACE_HEADS}, {"copy": [], "place": []}
         for row, ((prompt, target, _, (item, objective)), thw) in enumerate(zip(rows, grid)):
             n = int(thw.prod()) // self.proc.merge_size ** 2
             prompt = prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * n)
@@ -413,8 +427,8 @@ class Batcher:
                            else len(p) + token_at(encoded["offset_mapping"], source))
                     q = len(p) - 1 + token_at(encoded["offset_mapping"], at)
                     traced[kind].append((row, q, key))
-                    if kind == "copy":  # what the copy head fetches is the token the query predicts
-                        copied.append((row, q, t[q + 1 - len(p)]))
+                    if kind in copied:  # what the copy head fetches is the token the query predicts
+                        copied[kind].append((row, q, t[q + 1 - len(p)]))
             ids.append(p + t)
             labels.append([-100] * len(p) + t)
         width = max(map(len, ids))
@@ -431,7 +445,8 @@ class Batcher:
                     "readouts": torch.tensor(readouts, dtype=torch.long).reshape(-1, 3),
                     **{f"{kind}_copies": torch.tensor(found, dtype=torch.long).reshape(-1, 3)
                        for kind, found in traced.items()},
-                    "copy_readouts": torch.tensor(copied, dtype=torch.long).reshape(-1, 3)} if self.attend else {})}
+                    **{f"{kind}_readouts": torch.tensor(said, dtype=torch.long).reshape(-1, 3)
+                       for kind, said in copied.items()}} if self.attend else {})}
 
 
 def batch_stream(batcher: Batcher, steps: int, batch_size: int, schedule, workers: int):
@@ -480,6 +495,37 @@ def init_vision_positions(model) -> None:
         table.copy_(grid.reshape(side * side, dim) * (2 ** 0.5))
 
 
+NUMBER_PERIODS = (10, 5, 10 / 3, 2.5, 2, 40)
+
+
+def init_number_embeddings(model, tokenizer, top: int = 20) -> None:
+    """Start every number token from 0 to `top` ("7" and " 7" alike) on circles, in and out: the first
+    dimensions of its input embedding and of its output row hold cos and sin of 2πn/T for the periods T
+    of `NUMBER_PERIODS` (10 and its harmonics, so that a sum modulo 10 is a rotation, and 40, so that 12
+    is not 2), the rest stays random and tells the two spellings apart. The one-run large model's
+    traces fetch both terms of a running sum (its heads put 0.98-0.99 of their weight on them) and
+    still add them modulo 10 at chance (a third of compose sums right teacher-forced, most of them the
+    copied total): a table it has not learned from a random start in fifteen minutes. Tried once (run
+    P3, benchmarks/LEVERS.md, the trace's places and sums): the sums stayed at chance with it too. Adds
+    no weight: the saved model is a plain Qwen3-VL."""
+    import torch
+
+    numbers = {}
+    for token, index in tokenizer.get_vocab().items():
+        text = tokenizer.convert_tokens_to_string([token]).strip()
+        if text.isdigit() and int(text) <= top and text == str(int(text)):
+            numbers[index] = int(text)
+    n = torch.tensor(list(numbers.values()), dtype=torch.float32)[:, None]
+    angles = 2 * torch.pi * n / torch.tensor(NUMBER_PERIODS)[None]
+    circle = torch.cat([angles.cos(), angles.sin()], 1)  # len(numbers) x 2 * len(periods)
+    rows = torch.tensor(list(numbers))
+    for table in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
+        with torch.no_grad():
+            # at the scale of a random row, so neither half drowns the other
+            scale = table.std() * (table.shape[1] / circle.shape[1]) ** 0.5
+            table[rows, : circle.shape[1]] = circle * scale
+
+
 def batch_vision_attention(model) -> None:
     """Attention over a batch's images in one call, for training only (the saved weights and the
     serving path are untouched): Qwen3-VL's SDPA path calls attention once per image per block (64 of
@@ -524,7 +570,11 @@ COPY_LAYER, COPY_HEAD = 3, 1
 # said next), a running sum's previous sum beside the counting head; a sum's addend, the token just
 # before it, a layer earlier, so that both terms are at the sum's position when layer 2 adds them.
 # `trace_readout` reads the copy at this layer's output with `CountLens` (the counting layer, the same).
-TRACE_HEADS = {"copy": (2, 1), "sum": (2, 3), "addend": (1, 0)}
+# A row or column number copied from the question (`place`) is a copy from the question too: same head.
+TRACE_HEADS = {"copy": (2, 1), "sum": (2, 3), "addend": (1, 0), "place": (2, 1)}
+# The kinds a phase's `trace_attend` and `trace_readout` teach unless it names them (`trace_kinds`):
+# `place` came later, and a schedule written before it trains as it did.
+TRACE_KINDS = ("copy", "sum", "addend")
 assert TRACE_HEADS["copy"][0] == COUNT_LAYER
 
 
@@ -687,25 +737,28 @@ def from_checkpoint(ref: str):
 
 
 def probed_model(ref: str):
-    """(model, processor, tokenizer) of a checkpoint to probe: one thread, as a replica runs, in eval
-    mode (`benchmarks.count_probe`, `benchmarks.copy_probe`)."""
+    """(model, processor, tokenizer, facts) of a checkpoint to probe: one thread, as a replica runs, in
+    eval mode (`benchmarks.count_probe`, `benchmarks.copy_probe`); facts: its training.json or None."""
     import torch
 
     torch.set_num_threads(1)
-    model, processor, tokenizer, _ = from_checkpoint(ref)
-    return model.eval(), processor, tokenizer
+    model, processor, tokenizer, facts = from_checkpoint(ref)
+    return model.eval(), processor, tokenizer, facts
 
 
 PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", "reason_tiers", "direct_tiers",
-              "attend", "count_attend", "count_readout", "trace_attend", "trace_readout")
+              "attend", "count_attend", "count_readout", "trace_attend", "trace_readout", "trace_kinds",
+              "trace_heads", "number_init")
 
 
 def load_schedule(path: str | Path) -> list[dict]:
     """The phases of a `--schedule` file: a JSON list, each phase a stage's settings (steps, lr, mix and
     optionally read_first, finish_mix, finish_share, reason_tiers, direct_tiers, attend, count_attend — the
     counting and copying heads' weight, `attend` unless given —, count_readout, `CountLens`'s weight,
-    trace_attend, the trace's copying heads' weight, and trace_readout, what the copy head copies said at
-    its layer's output),
+    trace_attend, the trace's copying heads' weight, trace_readout, what the copy head copies said at
+    its layer's output, trace_kinds, the kinds of `traced_copies` those two teach, `TRACE_KINDS` unless
+    given, trace_heads, {kind: [layer, head]} for kinds taught at another head than `TRACE_HEADS`, and,
+    read from the first phase as the run's start, number_init, `init_number_embeddings`),
     checked here so a typo fails before the first step, not after ten minutes."""
     phases = json.loads(Path(path).read_text())
     if not isinstance(phases, list) or not phases:
@@ -719,12 +772,24 @@ def load_schedule(path: str | Path) -> list[dict]:
         for key in ("mix", "finish_mix"):
             if unknown := set(phase.get(key) or {}) - set(OBJECTIVES):
                 raise ValueError(f"{path}: phase {n}'s {key} names unknown objectives {sorted(unknown)}")
+        if unknown := (set(phase.get("trace_kinds", ())) | set(phase.get("trace_heads", {}))) - set(TRACE_HEADS):
+            raise ValueError(f"{path}: phase {n}'s trace_kinds or trace_heads names unknown kinds {sorted(unknown)}")
+        for kind, where in phase.get("trace_heads", {}).items():
+            if not (isinstance(where, list) and len(where) == 2 and all(isinstance(x, int) and x >= 0 for x in where)):
+                raise ValueError(f"{path}: phase {n}'s trace_heads gives {kind} {where!r}, not [layer, head]")
         for key in ("reason_tiers", "direct_tiers"):
             if unknown := set(phase.get(key) or {}) - set(TIERS):
                 raise ValueError(f"{path}: phase {n}'s {key} names unknown tiers {sorted(unknown)}")
     return [{"read_first": 0.0, "finish_mix": None, "finish_share": None, "reason_tiers": None,
              "direct_tiers": None, "attend": 0.0, "count_attend": phase.get("attend", 0.0), "count_readout": 0.0,
-             "trace_attend": 0.0, "trace_readout": 0.0, **phase} for phase in phases]
+             "trace_attend": 0.0, "trace_readout": 0.0, "trace_kinds": TRACE_KINDS, **phase,
+             "trace_heads": trace_heads(phase)} for phase in phases]
+
+
+def trace_heads(phase: dict) -> dict[str, tuple[int, int]]:
+    """{kind: (layer, head)} a phase teaches each kind of a trace's copies at: `TRACE_HEADS` unless its
+    `trace_heads` moves some."""
+    return {**TRACE_HEADS, **{kind: tuple(where) for kind, where in phase.get("trace_heads", {}).items()}}
 
 
 def weighs(phase: dict, *losses: str) -> bool:
@@ -765,8 +830,9 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     if not phases:
         phases = [dict(steps=steps, lr=lr, read_first=read_first, mix=mix, finish_mix=finish_mix,
                        finish_share=finish_share, reason_tiers=reason_tiers, direct_tiers=direct_tiers)]
-    phases = [{**p, **dict(zip(("mix", "finish_mix", "finish_share"),
-                               role_schedule(role, p["mix"], p["finish_mix"], p["finish_share"])))}
+    phases = [{"trace_kinds": TRACE_KINDS, **p, "trace_heads": trace_heads(p),
+               **dict(zip(("mix", "finish_mix", "finish_share"),
+                          role_schedule(role, p["mix"], p["finish_mix"], p["finish_share"])))}
               for p in phases]
     first, total = phases[0], sum(p["steps"] for p in phases)
     if procs < 1 or batch_size % procs:
@@ -778,6 +844,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         tokenizer = tokenizer or build_task_tokenizer(seed)
         model, processor, tokenizer = new_tiny(TRAINED_SIZES[role], tokenizer, seed)
         init_vision_positions(model)
+        if first.get("number_init"):
+            init_number_embeddings(model, tokenizer)
         base = None
     children = []
     if procs > 1:
@@ -793,8 +861,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     probe = PointerProbe(model) if any(weighs(p, "attend", "count_attend") for p in phases) else None
     counter = PointerProbe(model, layer=COUNT_LAYER, head=COUNT_HEAD) if probe else None
     copier = PointerProbe(model, layer=COPY_LAYER, head=COPY_HEAD) if probe else None
-    tracers = ({kind: PointerProbe(model, layer=layer, head=head) for kind, (layer, head) in TRACE_HEADS.items()}
-               if any(weighs(p, "trace_attend") for p in phases) else {})
+    tracers = {(layer, head): PointerProbe(model, layer=layer, head=head)
+               for p in phases if weighs(p, "trace_attend") for layer, head in p["trace_heads"].values()}
     lens = CountLens(model) if any(weighs(p, "count_readout", "trace_readout") for p in phases) else None
     pointed, tallied, read, traced, said = [], [], [], [], []
 
@@ -817,7 +885,10 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         labels, pointers, counters = batch.pop("labels"), batch.pop("pointers", None), batch.pop("counters", None)
         copies, readouts = batch.pop("copies", None), batch.pop("readouts", None)
         trace_copies = {kind: batch.pop(f"{kind}_copies", None) for kind in TRACE_HEADS}
-        copy_readouts = batch.pop("copy_readouts", None)
+        said_copies = {kind: batch.pop(f"{kind}_readouts", None) for kind in ("copy", "place")}
+        # a phase's readout says the kinds it teaches, in the order they always were
+        copy_readouts = [r for kind, r in said_copies.items() if kind in p["trace_kinds"] and r is not None]
+        copy_readouts = torch.cat(copy_readouts) if copy_readouts else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = answer_loss(model, batch, labels)
             if not weighs(p, "attend", "count_attend"):
@@ -833,9 +904,10 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             if copies is not None and len(copies):
                 loss = loss + p.get("count_attend", p["attend"]) * copier.loss(copies)
             if weighs(p, "trace_attend"):
-                found = [(kind, rows) for kind, rows in trace_copies.items() if rows is not None and len(rows)]
+                found = [(kind, rows) for kind, rows in trace_copies.items()
+                         if kind in p["trace_kinds"] and rows is not None and len(rows)]
                 if found:
-                    aux = sum(tracers[kind].loss(rows) for kind, rows in found) / len(found)
+                    aux = sum(tracers[p["trace_heads"][kind]].loss(rows) for kind, rows in found) / len(found)
                     traced.append(aux.item())
                     loss = loss + p["trace_attend"] * aux
             if weighs(p, "trace_readout") and copy_readouts is not None and len(copy_readouts):
@@ -889,6 +961,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              **({"count_readout": first["count_readout"]} if first.get("count_readout") else {}),
              **({"trace_attend": first["trace_attend"]} if first.get("trace_attend") else {}),
              **({"trace_readout": first["trace_readout"]} if first.get("trace_readout") else {}),
+             **({"number_init": True} if first.get("number_init") else {}),
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),

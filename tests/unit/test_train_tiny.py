@@ -302,7 +302,9 @@ def test_a_schedule_is_checked_before_training(tmp_path, capsys):
                          ([{"steps": 2, "lr": 1e-3, "mix": {"direct": 1.0}, "epochs": 2}], "unknown keys"),
                          ([{"steps": 0, "lr": 1e-3, "mix": {"direct": 1.0}}], "needs steps"),
                          ([{"steps": 2, "lr": 1e-3, "mix": {"direct": 1.0}, "reason_tiers": {"hard": 1}}],
-                          "unknown tiers"), ([], "non-empty")):
+                          "unknown tiers"), ([], "non-empty"),
+                         ([{"steps": 2, "lr": 1e-3, "mix": {"direct": 1.0}, "trace_kinds": ["carry"]}], "unknown kinds"),
+                         ([{"steps": 2, "lr": 1e-3, "mix": {"direct": 1.0}, "trace_heads": {"sum": 1}}], "not \\[layer")):
         path.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=message):
             load_schedule(path)
@@ -310,6 +312,49 @@ def test_a_schedule_is_checked_before_training(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--role", "small", "--schedule", str(path), "--steps", "5"])
     assert "drop --steps" in capsys.readouterr().err
+
+
+def test_a_phase_moves_a_trace_kind_to_another_head_and_teaches_the_kinds_it_names(tmp_path):
+    """A phase's `trace_heads` moves the kinds it names and keeps the others where `TRACE_HEADS` puts
+    them; without `trace_kinds` a phase teaches the kinds schedules were written for (no `place`)."""
+    from benchmarks.train_tiny import TRACE_HEADS, TRACE_KINDS, load_schedule, trace_heads
+
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps([{"steps": 2, "lr": 1e-3, "mix": {"reason": 1.0}, "trace_heads": {"sum": [1, 2]}},
+                                {"steps": 2, "lr": 1e-3, "mix": {"reason": 1.0}, "trace_kinds": ["place"]}]))
+    moved, kept = load_schedule(path)
+    assert moved["trace_heads"] == {**TRACE_HEADS, "sum": (1, 2)} and kept["trace_heads"] == TRACE_HEADS
+    assert trace_heads({}) == TRACE_HEADS and "place" not in TRACE_KINDS
+    assert moved["trace_kinds"] == TRACE_KINDS and kept["trace_kinds"] == ["place"]
+
+
+def test_number_tokens_start_on_circles_where_a_sum_modulo_10_is_a_rotation(tokenizer):
+    """`init_number_embeddings`: both spellings of a number share the circle dimensions, in the input
+    and the output tables; on the period-10 circle, turning a's point by b's angle lands on (a + b) mod
+    10's; other tokens and the remaining dimensions keep their random start."""
+    import torch
+
+    from benchmarks.train_tiny import NUMBER_PERIODS, TRAINED_SIZES, init_number_embeddings
+    from tandem.checkpoints import new_tiny
+
+    torch.manual_seed(0)
+    model, _, tok = new_tiny(TRAINED_SIZES["large"], tokenizer, 0)
+    before = [t.weight.detach().clone() for t in (model.get_input_embeddings(), model.get_output_embeddings())]
+    init_number_embeddings(model, tok)
+    width = 2 * len(NUMBER_PERIODS)
+    word = tok.convert_tokens_to_ids(tok.tokenize(" red"))[0]
+    for table, old in zip((model.get_input_embeddings().weight, model.get_output_embeddings().weight), before):
+        digit = {text: table[tok.convert_tokens_to_ids(tok.tokenize(text))[0]].detach() for text in
+                 [str(d) for d in range(10)] + [f" {d}" for d in range(10)]}
+        for d in range(10):
+            assert torch.allclose(digit[str(d)][:width], digit[f" {d}"][:width])
+            assert not torch.allclose(digit[str(d)][width:], digit[f" {d}"][width:])  # spellings still differ
+        point = lambda d: torch.complex(digit[str(d)][0], digit[str(d)][len(NUMBER_PERIODS)])  # noqa: E731
+        for a in range(10):
+            for b in range(10):
+                turned = point(a) * point(b) / abs(point(b))
+                assert torch.allclose(turned, point((a + b) % 10), atol=1e-6)
+        assert torch.equal(table[word], old[word])
 
 
 def test_a_chained_run_switches_mix_and_tiers_by_phase_and_cards_every_phase(tmp_path, tokenizer):
@@ -484,21 +529,37 @@ def test_traced_copies_point_each_copy_at_its_source():
     or the row's count just before it), the total at the last sum;
     recomputed here from the grid and the question, so a pointer at a wrong word would fail."""
     from benchmarks.grid import line_of
-    from benchmarks.train_tiny import row_tally, traced_copies, value_sum
+    from benchmarks.train_tiny import cell_reading, row_tally, traced_copies, value_sum
 
     rng = random.Random(2)
-    seen = {"copy": 0, "sum": 0, "compose traces": 0, "count traces": 0}
+    seen = {"copy": 0, "sum": 0, "place": 0, "compose traces": 0, "count traces": 0, "colour traces": 0}
     number = lambda text, at: int(re.match(r"\d+", text[at:]).group())  # noqa: E731
     word = lambda text, at: re.match(r"\w+", text[at:]).group()  # noqa: E731
-    for i in range(24):
-        item = grid_item(train_seed(0, i), tier=("count", "compose")[i % 2])
+    axis = lambda text, at: re.search(r"(row|column) $", text[:at]).group(1)  # noqa: E731
+    for i in range(36):
+        item = grid_item(train_seed(0, i), tier=("count", "compose", "perceive")[i % 3])
         trace = render_example(item, "large", "reason", None, rng)
-        for prompt, target in (trace, value_sum(rng), row_tally(item.cells, rng)):
+        reading = cell_reading(item.cells, rng)
+        for prompt, target in (trace, value_sum(rng), row_tally(item.cells, rng), reading):
             copies = traced_copies(prompt, target)
             copied = [(at, src) for kind, at, in_prompt, src in copies if kind == "copy" and in_prompt]
             sums = [(at, src) for kind, at, in_prompt, src in copies if kind == "sum" and not in_prompt]
             addends = [(at, src) for kind, at, in_prompt, src in copies if kind == "addend" and not in_prompt]
-            assert len(copied) + len(sums) + len(addends) == len(copies)
+            places = [(at, src) for kind, at, in_prompt, src in copies if kind == "place" and in_prompt]
+            assert len(copied) + len(sums) + len(addends) + len(places) == len(copies)
+            for at, src in places:  # a row's number read from the question's row, a column's from its column
+                assert number(target, at) == number(prompt, src) and axis(target, at) == axis(prompt, src)
+            if target == reading[1]:  # the eight cells, each row and column from the k-th asked
+                named = [(int(r), int(c)) for r, c in re.findall(r"row (\d+), column (\d+)", prompt)]
+                assert [number(target, at) for at, _ in places] == [x for rc in named for x in rc][0::2] + [
+                    x for rc in named for x in rc][1::2] and len(places) == 16
+            if item.kind == "colour_at" and target == trace[1]:
+                assert sorted(number(target, at) for at, _ in places) == sorted(item.target)
+                assert [axis(target, at) for at, _ in places] == ["row", "column"]
+                seen["colour traces"] += 1
+            if item.kind == "row_sum" and target == trace[1]:
+                assert [number(target, at) for at, _ in places] == [item.target[0]]
+            seen["place"] += len(places)
             # every running sum (the first too) reads what it adds: the number just before it
             assert [at for at, _ in addends] == [m.start(1) for m in re.finditer(r"\((\d+)\)", target)]
             if item.kind == "row_sum" and target == trace[1]:
@@ -524,6 +585,7 @@ def test_traced_copies_point_each_copy_at_its_source():
             seen["copy"] += len(copied)
             seen["sum"] += len(sums)
     assert seen["copy"] > 100 and seen["sum"] > 100 and seen["compose traces"] > 5 and seen["count traces"] > 5
+    assert seen["colour traces"] > 3 and seen["place"] > 36 * 16
 
 
 def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
@@ -591,10 +653,11 @@ def test_trace_copy_heads_are_taught_at_the_copied_tokens(tokenizer):
         found = {kind: batch.pop(f"{kind}_copies") for kind in TRACE_HEADS}
         for key in ("pointers", "counters", "copies", "readouts"):
             batch.pop(key)
-        said = batch.pop("copy_readouts")
-        assert said.tolist() == [[row, q, int(batch["input_ids"][row, k])] for row, q, k in found["copy"].tolist()]
+        for kind in ("copy", "place"):
+            said = batch.pop(f"{kind}_readouts")
+            assert said.tolist() == [[row, q, int(batch["input_ids"][row, k])] for row, q, k in found[kind].tolist()]
         assert len(found["copy"]) >= 8 and len(found["sum"]) >= 8
-        for row, q, k in found["copy"].tolist():
+        for row, q, k in found["copy"].tolist() + found["place"].tolist():
             assert labels[row, q + 1] == batch["input_ids"][row, k] and labels[row, k] == -100  # from the prompt
         assert [k for _, _, k in found["addend"].tolist()] == [q - 1 for _, q, _ in found["addend"].tolist()]
         for row, q, k in found["sum"].tolist():
