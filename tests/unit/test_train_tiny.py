@@ -526,7 +526,8 @@ def test_counted_cells_are_the_cells_each_number_counts():
 def test_traced_copies_point_each_copy_at_its_source():
     """A compose step's value points at the question's value for that colour, a count trace's counted
     colour at the question's colour, a running sum at the sum it adds to and at what it adds (the value
-    or the row's count just before it), the total at the last sum;
+    or the row's count just before it), the total at the last sum, a row or column number at the
+    question's (a colour question's, a compose question's row, a cell reading's k-th cell);
     recomputed here from the grid and the question, so a pointer at a wrong word would fail."""
     from benchmarks.grid import line_of
     from benchmarks.train_tiny import cell_reading, row_tally, traced_copies, value_sum
@@ -550,9 +551,8 @@ def test_traced_copies_point_each_copy_at_its_source():
             for at, src in places:  # a row's number read from the question's row, a column's from its column
                 assert number(target, at) == number(prompt, src) and axis(target, at) == axis(prompt, src)
             if target == reading[1]:  # the eight cells, each row and column from the k-th asked
-                named = [(int(r), int(c)) for r, c in re.findall(r"row (\d+), column (\d+)", prompt)]
-                assert [number(target, at) for at, _ in places] == [x for rc in named for x in rc][0::2] + [
-                    x for rc in named for x in rc][1::2] and len(places) == 16
+                rows, columns = zip(*[(int(r), int(c)) for r, c in re.findall(r"row (\d+), column (\d+)", prompt)])
+                assert [number(target, at) for at, _ in places] == [*rows, *columns] and len(places) == 16
             if item.kind == "colour_at" and target == trace[1]:
                 assert sorted(number(target, at) for at, _ in places) == sorted(item.target)
                 assert [axis(target, at) for at, _ in places] == ["row", "column"]
@@ -631,8 +631,8 @@ def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
 
 
 def test_trace_copy_heads_are_taught_at_the_copied_tokens(tokenizer):
-    """In a batch, each copy's query predicts the very token its key holds (the question's value or
-    colour), each sum's keys are the earlier sum's token and the addend just before it; the probes on
+    """In a batch, each copy's query predicts the very token its key holds (the question's value,
+    colour, row or column), each sum's keys are the earlier sum's token and the addend just before it; the probes on
     TRACE_HEADS read those heads' own (eager) attention, and the copies' readouts name the copied token."""
     import torch
 
@@ -646,8 +646,8 @@ def test_trace_copy_heads_are_taught_at_the_copied_tokens(tokenizer):
                       reason_tiers={"count": 0.5, "compose": 0.5})
     batcher.attend = True
     probes = {kind: PointerProbe(model, layer=layer, head=head) for kind, (layer, head) in TRACE_HEADS.items()}
-    for mix in ({"reason": 1.0}, {"lookup": 1.0}):
-        batcher.mix = mix
+    for mix, tiers in (({"reason": 1.0}, None), ({"lookup": 1.0}, None), ({"reason": 1.0}, {"perceive": 1.0})):
+        batcher.mix, batcher.tiers["reason"] = mix, tiers or batcher.tiers["reason"]
         batch = batcher.batch(2)
         labels = batch.pop("labels")
         found = {kind: batch.pop(f"{kind}_copies") for kind in TRACE_HEADS}
@@ -656,7 +656,10 @@ def test_trace_copy_heads_are_taught_at_the_copied_tokens(tokenizer):
         for kind in ("copy", "place"):
             said = batch.pop(f"{kind}_readouts")
             assert said.tolist() == [[row, q, int(batch["input_ids"][row, k])] for row, q, k in found[kind].tolist()]
-        assert len(found["copy"]) >= 8 and len(found["sum"]) >= 8
+        if tiers:  # colour traces: a row and a column each (an "is there" trace copies none)
+            assert len(found["place"]) >= 2 and len(found["place"]) % 2 == 0
+        else:
+            assert len(found["copy"]) >= 8 and len(found["sum"]) >= 8
         for row, q, k in found["copy"].tolist() + found["place"].tolist():
             assert labels[row, q + 1] == batch["input_ids"][row, k] and labels[row, k] == -100  # from the prompt
         assert [k for _, _, k in found["addend"].tolist()] == [q - 1 for _, q, _ in found["addend"].tolist()]
