@@ -39,7 +39,7 @@ def measure(model, processor, tokenizer, n: int, heads: dict | None = None) -> d
     head)}, `TRACE_HEADS` unless given."""
     import torch
 
-    from benchmarks.train_tiny import TRACE_HEADS, Batcher, PointerProbe
+    from benchmarks.train_tiny import SAID_KINDS, TRACE_HEADS, Batcher, PointerProbe
 
     heads = heads or TRACE_HEADS
     probes = {kind: PointerProbe(model, layer=layer, head=head) for kind, (layer, head) in heads.items()}
@@ -51,7 +51,7 @@ def measure(model, processor, tokenizer, n: int, heads: dict | None = None) -> d
         batch = batcher.batch(n)
         labels = batch.pop("labels")
         found = {kind: batch.pop(f"{kind}_copies") for kind in TRACE_HEADS}
-        for key in ("pointers", "counters", "copies", "readouts", "copy_readouts", "place_readouts"):
+        for key in ("pointers", "counters", "copies", "readouts", *(f"{kind}_readouts" for kind in SAID_KINDS)):
             batch.pop(key)
         with torch.no_grad():
             logits = model(**batch).logits

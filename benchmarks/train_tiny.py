@@ -395,7 +395,7 @@ class Batcher:
         pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
         grid = pix["image_grid_thw"]
         ids, labels, pointers, counters, copies, readouts = [], [], [], [], [], []
-        traced, copied = {kind: [] for kind in TRACE_HEADS}, {"copy": [], "place": []}
+        traced, copied = {kind: [] for kind in TRACE_HEADS}, {kind: [] for kind in SAID_KINDS}
         for row, ((prompt, target, _, (item, objective)), thw) in enumerate(zip(rows, grid)):
             n = int(thw.prod()) // self.proc.merge_size ** 2
             prompt = prompt.replace(prompts.IMAGE_PAD, prompts.IMAGE_PAD * n)
@@ -575,6 +575,8 @@ TRACE_HEADS = {"copy": (2, 1), "sum": (2, 3), "addend": (1, 0), "place": (2, 1)}
 # The kinds a phase's `trace_attend` and `trace_readout` teach unless it names them (`trace_kinds`):
 # `place` came later, and a schedule written before it trains as it did.
 TRACE_KINDS = ("copy", "sum", "addend")
+# The kinds that copy a word of the question, whose copied token `trace_readout` teaches the stream to say.
+SAID_KINDS = ("copy", "place")
 assert TRACE_HEADS["copy"][0] == COUNT_LAYER
 
 
@@ -780,10 +782,16 @@ def load_schedule(path: str | Path) -> list[dict]:
         for key in ("reason_tiers", "direct_tiers"):
             if unknown := set(phase.get(key) or {}) - set(TIERS):
                 raise ValueError(f"{path}: phase {n}'s {key} names unknown tiers {sorted(unknown)}")
-    return [{"read_first": 0.0, "finish_mix": None, "finish_share": None, "reason_tiers": None,
-             "direct_tiers": None, "attend": 0.0, "count_attend": phase.get("attend", 0.0), "count_readout": 0.0,
-             "trace_attend": 0.0, "trace_readout": 0.0, "trace_kinds": TRACE_KINDS, **phase,
-             "trace_heads": trace_heads(phase)} for phase in phases]
+    return [phase_settings(phase) for phase in phases]
+
+
+def phase_settings(phase: dict) -> dict:
+    """A phase with every setting it leaves out at its default (a schedule's, or the one phase of a run
+    from the command line); the same phase again when it has them all."""
+    return {"read_first": 0.0, "finish_mix": None, "finish_share": None, "reason_tiers": None,
+            "direct_tiers": None, "attend": 0.0, "count_attend": phase.get("attend", 0.0), "count_readout": 0.0,
+            "trace_attend": 0.0, "trace_readout": 0.0, "trace_kinds": TRACE_KINDS, **phase,
+            "trace_heads": trace_heads(phase)}
 
 
 def trace_heads(phase: dict) -> dict[str, tuple[int, int]]:
@@ -830,9 +838,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     if not phases:
         phases = [dict(steps=steps, lr=lr, read_first=read_first, mix=mix, finish_mix=finish_mix,
                        finish_share=finish_share, reason_tiers=reason_tiers, direct_tiers=direct_tiers)]
-    phases = [{"trace_kinds": TRACE_KINDS, **p, "trace_heads": trace_heads(p),
-               **dict(zip(("mix", "finish_mix", "finish_share"),
-                          role_schedule(role, p["mix"], p["finish_mix"], p["finish_share"])))}
+    phases = [{**phase_settings(p), **dict(zip(("mix", "finish_mix", "finish_share"),
+                                               role_schedule(role, p["mix"], p["finish_mix"], p["finish_share"])))}
               for p in phases]
     first, total = phases[0], sum(p["steps"] for p in phases)
     if procs < 1 or batch_size % procs:
@@ -885,7 +892,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         labels, pointers, counters = batch.pop("labels"), batch.pop("pointers", None), batch.pop("counters", None)
         copies, readouts = batch.pop("copies", None), batch.pop("readouts", None)
         trace_copies = {kind: batch.pop(f"{kind}_copies", None) for kind in TRACE_HEADS}
-        said_copies = {kind: batch.pop(f"{kind}_readouts", None) for kind in ("copy", "place")}
+        said_copies = {kind: batch.pop(f"{kind}_readouts", None) for kind in SAID_KINDS}
         # a phase's readout says the kinds it teaches, in the order they always were
         copy_readouts = [r for kind, r in said_copies.items() if kind in p["trace_kinds"] and r is not None]
         copy_readouts = torch.cat(copy_readouts) if copy_readouts else None
