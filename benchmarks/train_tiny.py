@@ -62,8 +62,13 @@ of 13.5 min (`benchmarks/schedules/large-trace.json`); a phase's `trace_kinds` a
 column a trace copies from the question: the colour traces' first error, fixed in one run of 13.7 min,
 `benchmarks/schedules/large-place.json`), its `trace_heads` moves a kind to another head, and a first
 phase's `number_init` starts the number tokens on circles (`init_number_embeddings`). A running sum
-modulo 10 is what is left: neither of the last two taught it, twice the lookup did and cost the
-one-pass count (benchmarks/LEVERS.md, the trace's copies; the trace's places and sums).
+modulo 10 was what was left: neither of the last two taught it, twice the lookup did and cost the
+one-pass count (benchmarks/LEVERS.md, the trace's copies; the trace's places and sums). A phase's
+`computed_weight` weighs the numbers a trace computes (`computed_numbers`: running sums, totals, a
+count trace's row counts) that many times a copied word in their sequence's mean loss: at 4 the sums
+came within the same steps, in two seeds of two (compose traces 2 -> 46 and 56 of 60 exact, 13-14
+min, `benchmarks/schedules/large-computed.json`); at 8 the copies broke (benchmarks/LEVERS.md, the
+numbers a trace computes).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -328,6 +333,19 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     return copies
 
 
+def computed_numbers(target: str) -> list[int]:
+    """Character offsets of every number a target computes rather than copies or reads: a running sum
+    ("(3)"), the total after the last one, and a count trace's row count ("...; red 2 (2)": the 2). A
+    phase's `computed_weight` weighs their tokens that many times a copied word in their sequence's
+    mean loss: in a lookup target they are 9 of ~40 tokens, and the one-run large model's running sums
+    stayed at chance teacher-forced while every word they add was fetched right (session 24)."""
+    sums = list(RUNNING_SUM.finditer(target))
+    found = [m.start(1) for m in sums] + [m.start(3) for m in ROW_COUNT.finditer(target)]
+    if sums and (total := TOTAL.search(target, sums[-1].end())):
+        found.append(total.start(1))
+    return sorted(found)
+
+
 def task_corpus(n: int = 1500, seed: int = 0) -> list[str]:
     """Text of the task as both models will see it, for the tokenizer's merges, plus generic text so
     other questions still tokenize in reasonable pieces."""
@@ -394,7 +412,7 @@ class Batcher:
             self.next_item = first + size
         pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
         grid = pix["image_grid_thw"]
-        ids, labels, pointers, counters, copies, readouts = [], [], [], [], [], []
+        ids, labels, pointers, counters, copies, readouts, computed = [], [], [], [], [], [], []
         traced, copied = {kind: [] for kind in TRACE_HEADS}, {kind: [] for kind in SAID_KINDS}
         for row, ((prompt, target, _, (item, objective)), thw) in enumerate(zip(rows, grid)):
             n = int(thw.prod()) // self.proc.merge_size ** 2
@@ -429,6 +447,7 @@ class Batcher:
                     traced[kind].append((row, q, key))
                     if kind in copied:  # what the copy head fetches is the token the query predicts
                         copied[kind].append((row, q, t[q + 1 - len(p)]))
+                computed += [(row, len(p) - 1 + token_at(encoded["offset_mapping"], at)) for at in computed_numbers(target)]
             ids.append(p + t)
             labels.append([-100] * len(p) + t)
         width = max(map(len, ids))
@@ -443,6 +462,7 @@ class Batcher:
                     "counters": torch.tensor(counters, dtype=torch.long).reshape(-1, 4),
                     "copies": torch.tensor(copies, dtype=torch.long).reshape(-1, 3),
                     "readouts": torch.tensor(readouts, dtype=torch.long).reshape(-1, 3),
+                    "computed": torch.tensor(computed, dtype=torch.long).reshape(-1, 2),
                     **{f"{kind}_copies": torch.tensor(found, dtype=torch.long).reshape(-1, 3)
                        for kind, found in traced.items()},
                     **{f"{kind}_readouts": torch.tensor(said, dtype=torch.long).reshape(-1, 3)
@@ -659,10 +679,12 @@ def sequence_mean_loss(logits, labels):
     return (loss.sum(1) / mask.sum(1).clamp(min=1)).mean()
 
 
-def answer_loss(model, batch: dict, labels):
+def answer_loss(model, batch: dict, labels, weights=None):
     """`sequence_mean_loss` with the vocabulary projection taken only where there is a target: most
     of a sequence is the prompt (the image, the question, the options), so the full logits were mostly
-    thrown away. The same loss up to float rounding; measured 9 % (large) and 21 % (small) off a step."""
+    thrown away. The same loss up to float rounding; measured 9 % (large) and 21 % (small) off a step.
+    `weights` (the shape of `labels` less one column, by the position that predicts a token) weighs
+    tokens within their sequence's mean, which still divides by the count of target tokens."""
     import torch
     import torch.nn.functional as F
 
@@ -670,6 +692,8 @@ def answer_loss(model, batch: dict, labels):
     targets = labels[:, 1:]
     mask = targets != -100
     per_token = F.cross_entropy(model.lm_head(hidden[mask]).float(), targets[mask], reduction="none")
+    if weights is not None:
+        per_token = per_token * weights[mask]
     per_row = torch.zeros(len(labels), dtype=per_token.dtype).index_add_(0, mask.nonzero()[:, 0], per_token)
     return (per_row / mask.sum(1).clamp(min=1)).mean()
 
@@ -750,7 +774,7 @@ def probed_model(ref: str):
 
 PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", "reason_tiers", "direct_tiers",
               "attend", "count_attend", "count_readout", "trace_attend", "trace_readout", "trace_kinds",
-              "trace_heads", "number_init")
+              "trace_heads", "number_init", "computed_weight")
 
 
 def load_schedule(path: str | Path) -> list[dict]:
@@ -760,7 +784,8 @@ def load_schedule(path: str | Path) -> list[dict]:
     trace_attend, the trace's copying heads' weight, trace_readout, what the copy head copies said at
     its layer's output, trace_kinds, the kinds of `traced_copies` those two teach, `TRACE_KINDS` unless
     given, trace_heads, {kind: [layer, head]} for kinds taught at another head than `TRACE_HEADS`, and,
-    read from the first phase as the run's start, number_init, `init_number_embeddings`),
+    read from the first phase as the run's start, number_init, `init_number_embeddings`; computed_weight,
+    how many times a copied word the numbers a trace computes weigh in the loss, `computed_numbers`),
     checked here so a typo fails before the first step, not after ten minutes."""
     phases = json.loads(Path(path).read_text())
     if not isinstance(phases, list) or not phases:
@@ -779,6 +804,8 @@ def load_schedule(path: str | Path) -> list[dict]:
         for kind, where in phase.get("trace_heads", {}).items():
             if not (isinstance(where, list) and len(where) == 2 and all(isinstance(x, int) and x >= 0 for x in where)):
                 raise ValueError(f"{path}: phase {n}'s trace_heads gives {kind} {where!r}, not [layer, head]")
+        if not (isinstance(phase.get("computed_weight", 1.0), (int, float)) and phase.get("computed_weight", 1.0) > 0):
+            raise ValueError(f"{path}: phase {n}'s computed_weight must be a number > 0")
         for key in ("reason_tiers", "direct_tiers"):
             if unknown := set(phase.get(key) or {}) - set(TIERS):
                 raise ValueError(f"{path}: phase {n}'s {key} names unknown tiers {sorted(unknown)}")
@@ -790,7 +817,7 @@ def phase_settings(phase: dict) -> dict:
     from the command line); the same phase again when it has them all."""
     return {"read_first": 0.0, "finish_mix": None, "finish_share": None, "reason_tiers": None,
             "direct_tiers": None, "attend": 0.0, "count_attend": phase.get("attend", 0.0), "count_readout": 0.0,
-            "trace_attend": 0.0, "trace_readout": 0.0, "trace_kinds": TRACE_KINDS, **phase,
+            "trace_attend": 0.0, "trace_readout": 0.0, "trace_kinds": TRACE_KINDS, "computed_weight": 1.0, **phase,
             "trace_heads": trace_heads(phase)}
 
 
@@ -878,7 +905,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         p = phases[phase]
         return (mix_at(at, p["steps"], p["read_first"], p["mix"], p["finish_mix"], p["finish_share"]),
                 {"reason": p["reason_tiers"], "direct": p["direct_tiers"]},
-                weighs(p, "attend", "count_attend", "trace_attend", "trace_readout"))
+                weighs(p, "attend", "count_attend", "trace_attend", "trace_readout") or p["computed_weight"] != 1)
 
     stream = batch_stream(batcher, total, batch_size, workers=data_workers, schedule=plan)
     bar = tqdm(stream, total=total, desc=f"train {role}", disable=not progress or rank > 0, mininterval=2)
@@ -890,14 +917,18 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         for group in optim.param_groups:
             group["lr"] = lr_at(at, p["steps"], p["lr"], warmup=max(1, p["steps"] // 20))
         labels, pointers, counters = batch.pop("labels"), batch.pop("pointers", None), batch.pop("counters", None)
-        copies, readouts = batch.pop("copies", None), batch.pop("readouts", None)
+        copies, readouts, computed = batch.pop("copies", None), batch.pop("readouts", None), batch.pop("computed", None)
+        weights = None
+        if p["computed_weight"] != 1 and computed is not None and len(computed):
+            weights = torch.ones(labels[:, 1:].shape)
+            weights[computed[:, 0], computed[:, 1]] = p["computed_weight"]
         trace_copies = {kind: batch.pop(f"{kind}_copies", None) for kind in TRACE_HEADS}
         said_copies = {kind: batch.pop(f"{kind}_readouts", None) for kind in SAID_KINDS}
         # a phase's readout says the kinds it teaches, in the order they always were
         copy_readouts = [r for kind, r in said_copies.items() if kind in p["trace_kinds"] and r is not None]
         copy_readouts = torch.cat(copy_readouts) if copy_readouts else None
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = answer_loss(model, batch, labels)
+            loss = answer_loss(model, batch, labels, weights)
             if not weighs(p, "attend", "count_attend"):
                 pointers = counters = copies = None  # a phase that points only at the trace's copies
             if pointers is not None and len(pointers):
@@ -969,6 +1000,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              **({"trace_attend": first["trace_attend"]} if first.get("trace_attend") else {}),
              **({"trace_readout": first["trace_readout"]} if first.get("trace_readout") else {}),
              **({"number_init": True} if first.get("number_init") else {}),
+             **({"computed_weight": first["computed_weight"]} if first["computed_weight"] != 1 else {}),
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),

@@ -711,3 +711,51 @@ def test_count_readouts_say_each_count_where_it_is_taken(tokenizer):
         expected = F.cross_entropy(model.lm_head(model.model.language_model.norm(hidden[readouts[:, 0], readouts[:, 1]])),
                                    readouts[:, 2])
         assert torch.allclose(lens.loss(readouts), expected, atol=1e-5)
+
+
+def test_computed_numbers_are_the_sums_and_row_counts_and_weigh_as_a_phase_says(tokenizer):
+    """Each weighted position predicts a number the target computes — a running sum, the total, a count
+    trace's row count — recomputed here from the text; a weight of 1 is the plain loss, and a weight w
+    scales exactly those tokens' losses within their sequence's mean."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks.train_tiny import TRAINED_SIZES, Batcher, answer_loss
+    from tandem.checkpoints import new_tiny
+
+    torch.manual_seed(0)
+    model, processor, tok = new_tiny(TRAINED_SIZES["large"], tokenizer, 0)
+    batcher = Batcher("large", tok, processor.image_processor, model.config.image_token_id, seed=6,
+                      reason_tiers={"count": 0.5, "compose": 0.5})
+    batcher.attend = True
+    for mix in ({"reason": 1.0}, {"lookup": 1.0}, {"tally": 1.0}, {"direct": 1.0}):
+        batcher.mix = mix
+        batch = batcher.batch(2)
+        labels, computed = batch.pop("labels"), batch.pop("computed")
+        for key in [k for k in batch if k.endswith(("copies", "readouts", "pointers", "counters"))]:
+            batch.pop(key)
+        for row in range(2):
+            text = tok.decode(labels[row][labels[row] != -100])
+            expected = []
+            for line in re.finditer(r"; \w+ (\d+) \((\d+)\)", text):  # a count trace's row: its count, its sum
+                expected += [int(line.group(1)), int(line.group(2))]
+            if not expected:
+                expected = [int(n) for n in re.findall(r"\((\d+)\)", text)]
+            if expected:
+                expected.append(int(re.search(r"total (\d+)", text).group(1)))
+            said = [int(tok.decode(labels[row, q + 1])) for r, q in computed.tolist() if r == row]
+            assert said == expected, (mix, text)
+        if mix == {"direct": 1.0}:
+            assert len(computed) == 0
+            continue
+        weights = torch.ones(labels[:, 1:].shape)
+        weights[computed[:, 0], computed[:, 1]] = 3.0
+        logits = model(**batch).logits[:, :-1].float()
+        targets = labels[:, 1:]
+        per_token = F.cross_entropy(logits.transpose(1, 2), targets.clamp(min=0), reduction="none")
+        mask = (targets != -100).float()
+        expected = ((per_token * mask * weights).sum(1) / mask.sum(1)).mean()
+        assert torch.allclose(answer_loss(model, batch, labels, weights), expected, atol=1e-5)
+        assert torch.allclose(answer_loss(model, batch, labels, torch.ones_like(weights)),
+                              answer_loss(model, batch, labels), atol=1e-6)
+        assert not torch.allclose(answer_loss(model, batch, labels, weights), answer_loss(model, batch, labels))
