@@ -296,6 +296,13 @@ TOTAL = re.compile(r"\btotal (\d+)")
 PLACE = re.compile(r"\b(row|column) (\d+)\b")
 
 
+def running_sums(target: str) -> tuple[list[re.Match], re.Match | None]:
+    """A trace's running sums ("(3)") and the total after the last one ("total 3"; None without
+    sums): what the copies below read back and what `computed_numbers` weighs."""
+    sums = list(RUNNING_SUM.finditer(target))
+    return sums, TOTAL.search(target, sums[-1].end()) if sums else None
+
+
 def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     """(kind, character offset in the target, key in the prompt?, character offset of the key) of
     every word of a trace that copies an earlier word. `copy`, from the question: a compose step's
@@ -321,12 +328,12 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
             copies.append(("copy", m.start(2), True, listed.start(1)))
     asked = ASKED_COLOUR.search(prompt)
     copies += [("copy", m.start(1), True, asked.start(1)) for m in COUNTED_COPY.finditer(target) if asked]
-    sums = list(RUNNING_SUM.finditer(target))
+    sums, total = running_sums(target)
     copies += [("sum", m.start(1), False, before.start(1)) for before, m in zip(sums, sums[1:])]
     for m in sums:
         if addend := re.search(r"(\d+) $", target[:m.start()]):
             copies.append(("addend", m.start(1), False, addend.start(1)))
-    if sums and (total := TOTAL.search(target, sums[-1].end())):
+    if total:
         copies.append(("sum", total.start(1), False, sums[-1].start(1)))
     for axis in ("row", "column"):
         asked = [m for m in PLACE.finditer(prompt) if m.group(1) == axis]
@@ -343,11 +350,9 @@ def computed_numbers(target: str) -> list[int]:
     phase's `computed_weight` weighs their tokens that many times a copied word in their sequence's
     mean loss: in a lookup target they are 9 of ~40 tokens, and the one-run large model's running sums
     stayed at chance teacher-forced while every word they add was fetched right (session 24)."""
-    sums = list(RUNNING_SUM.finditer(target))
+    sums, total = running_sums(target)
     found = [m.start(1) for m in sums] + [m.start(3) for m in ROW_COUNT.finditer(target)]
-    if sums and (total := TOTAL.search(target, sums[-1].end())):
-        found.append(total.start(1))
-    return sorted(found)
+    return sorted(found + ([total.start(1)] if total else []))
 
 
 def task_corpus(n: int = 1500, seed: int = 0) -> list[str]:
