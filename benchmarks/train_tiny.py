@@ -289,8 +289,7 @@ def counted_cells(item: GridItem, objective: str, target: str) -> list[tuple[int
 
 VALUE_COPY = re.compile(r"(?<!; )\b(" + "|".join(PALETTE) + r") (\d+) \(")
 COUNTED_COPY = re.compile(r"; (" + "|".join(PALETTE) + r") \d")
-# Every phrasing of a count or any-question names its colour after one of these (grid.TEMPLATES).
-ASKED_COLOUR = re.compile(r"(?:How many|that are|Is there a|have the colour) (" + "|".join(PALETTE) + r")\b")
+ASKED_COLOUR = re.compile(r"(?:How many|that are) (" + "|".join(PALETTE) + r")\b")
 RUNNING_SUM = re.compile(r"\((\d+)\)")
 TOTAL = re.compile(r"\btotal (\d+)")
 PLACE = re.compile(r"\b(row|column) (\d+)\b")
@@ -306,10 +305,9 @@ def running_sums(target: str) -> tuple[list[re.Match], re.Match | None]:
 def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     """(kind, character offset in the target, key in the prompt?, character offset of the key) of
     every word of a trace that copies an earlier word. `copy`, from the question: a compose step's
-    value ("red 3 (3)", from "Values: red 3, ...") and a count or any-question trace's counted colour
-    ("...; red 2", from "How many red cells" or "Is there a red cell"); `sum`: a running sum or the
-    total, from the sum it adds to ("... (3) green 7 (0)": 0 reads 3 back; "total 0" reads the last;
-    a trace's first sum has none); `addend`:
+    value ("red 3 (3)", from "Values: red 3, ...") and a count trace's counted colour ("...; red 2",
+    from "How many red cells"); `sum`: a running sum or the total, from the sum it adds to ("... (3)
+    green 7 (0)": 0 reads 3 back; "total 0" reads the last; a trace's first sum has none); `addend`:
     every running sum, from what it adds (the number just before it: "7" in "green 7 (0)"); `place`, from
     the question: a row or column number the question names ("row 2, column 3: green." for "... in row 2,
     column 3?", a compose trace's "row 3:", a cell reading's eight cells, the k-th written for the k-th
@@ -318,9 +316,7 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     one-run large model's own traces went wrong: on 60 held-out items each, 53 of its count traces first
     wrote another colour than the question's after the row, 46 of its compose traces first a wrong value
     (benchmarks/LEVERS.md, the trace's copies); with those taught, 14 of the 19 wrong of 60 colour traces
-    first wrote another row or column than the question's (session 24), and 10 of W5's 13 wrong of 60
-    perceive traces, all any-questions, wrote another colour than the question's after the first row
-    (session 26: their colour had no copy taught until then)."""
+    first wrote another row or column than the question's (session 24)."""
     copies = []
     for m in VALUE_COPY.finditer(target):
         listed = re.search(rf"\b{m.group(1)} (\d+)\b", prompt)
