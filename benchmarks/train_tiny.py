@@ -68,7 +68,9 @@ one-pass count (benchmarks/LEVERS.md, the trace's copies; the trace's places and
 count trace's row counts) that many times a copied word in their sequence's mean loss: at 4 the sums
 came within the same steps, in two seeds of two (compose traces 2 -> 46 and 56 of 60 exact, 13-14
 min, `benchmarks/schedules/large-computed.json`); at 8 the copies broke (benchmarks/LEVERS.md, the
-numbers a trace computes).
+numbers a trace computes). `trace_kinds` may also name `asked`, an any-question's counted colour
+(added to the other kinds' mean, not averaged into it: `trace_attention_loss`;
+`benchmarks/schedules/large-asked.json`; benchmarks/LEVERS.md, an any-question's colour).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -290,6 +292,8 @@ def counted_cells(item: GridItem, objective: str, target: str) -> list[tuple[int
 VALUE_COPY = re.compile(r"(?<!; )\b(" + "|".join(PALETTE) + r") (\d+) \(")
 COUNTED_COPY = re.compile(r"; (" + "|".join(PALETTE) + r") \d")
 ASKED_COLOUR = re.compile(r"(?:How many|that are) (" + "|".join(PALETTE) + r")\b")
+# An any-question names its colour after one of these (grid.TEMPLATES); its trace counts that colour.
+ANY_COLOUR = re.compile(r"(?:Is there a|have the colour) (" + "|".join(PALETTE) + r")\b")
 RUNNING_SUM = re.compile(r"\((\d+)\)")
 TOTAL = re.compile(r"\btotal (\d+)")
 PLACE = re.compile(r"\b(row|column) (\d+)\b")
@@ -306,8 +310,10 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     """(kind, character offset in the target, key in the prompt?, character offset of the key) of
     every word of a trace that copies an earlier word. `copy`, from the question: a compose step's
     value ("red 3 (3)", from "Values: red 3, ...") and a count trace's counted colour ("...; red 2",
-    from "How many red cells"); `sum`: a running sum or the total, from the sum it adds to ("... (3)
-    green 7 (0)": 0 reads 3 back; "total 0" reads the last; a trace's first sum has none); `addend`:
+    from "How many red cells"); `asked`, the same in an any-question's trace ("...; red 0", from "Is
+    there a red cell"), a kind of its own (below); `sum`: a running sum or the total, from the sum it
+    adds to ("... (3) green 7 (0)": 0 reads 3 back; "total 0" reads the last; a trace's first sum has
+    none); `addend`:
     every running sum, from what it adds (the number just before it: "7" in "green 7 (0)"); `place`, from
     the question: a row or column number the question names ("row 2, column 3: green." for "... in row 2,
     column 3?", a compose trace's "row 3:", a cell reading's eight cells, the k-th written for the k-th
@@ -316,7 +322,11 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     one-run large model's own traces went wrong: on 60 held-out items each, 53 of its count traces first
     wrote another colour than the question's after the row, 46 of its compose traces first a wrong value
     (benchmarks/LEVERS.md, the trace's copies); with those taught, 14 of the 19 wrong of 60 colour traces
-    first wrote another row or column than the question's (session 24)."""
+    first wrote another row or column than the question's (session 24). `asked` came after W5's perceive
+    traces first wrote another colour than the question's in 10 of their 13 errors, all any-questions;
+    taught as `copy` (as the count traces' colour) it cost two runs of two their compose traces (session
+    26), so it is its own kind, off unless a phase names it, and its loss is added to the others' mean
+    rather than averaged into it: naming it leaves every other kind's weight as it was."""
     copies = []
     for m in VALUE_COPY.finditer(target):
         listed = re.search(rf"\b{m.group(1)} (\d+)\b", prompt)
@@ -324,6 +334,8 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
             copies.append(("copy", m.start(2), True, listed.start(1)))
     asked = ASKED_COLOUR.search(prompt)
     copies += [("copy", m.start(1), True, asked.start(1)) for m in COUNTED_COPY.finditer(target) if asked]
+    asked = ANY_COLOUR.search(prompt)
+    copies += [("asked", m.start(1), True, asked.start(1)) for m in COUNTED_COPY.finditer(target) if asked]
     sums, total = running_sums(target)
     copies += [("sum", m.start(1), False, before.start(1)) for before, m in zip(sums, sums[1:])]
     for m in sums:
@@ -596,12 +608,14 @@ COPY_LAYER, COPY_HEAD = 3, 1
 # before it, a layer earlier, so that both terms are at the sum's position when layer 2 adds them.
 # `trace_readout` reads the copy at this layer's output with `CountLens` (the counting layer, the same).
 # A row or column number copied from the question (`place`) is a copy from the question too: same head.
-TRACE_HEADS = {"copy": (2, 1), "sum": (2, 3), "addend": (1, 0), "place": (2, 1)}
+TRACE_HEADS = {"copy": (2, 1), "sum": (2, 3), "addend": (1, 0), "place": (2, 1), "asked": (2, 1)}
 # The kinds a phase's `trace_attend` and `trace_readout` teach unless it names them (`trace_kinds`):
-# `place` came later, and a schedule written before it trains as it did.
+# `place` and `asked` came later, and a schedule written before them trains as it did.
 TRACE_KINDS = ("copy", "sum", "addend")
 # The kinds that copy a word of the question, whose copied token `trace_readout` teaches the stream to say.
 SAID_KINDS = ("copy", "place")
+# Kinds whose attention loss is added to the mean of the others instead of averaged into it (`asked`).
+ADDED_KINDS = ("asked",)
 assert TRACE_HEADS["copy"][0] == COUNT_LAYER
 
 
@@ -832,6 +846,18 @@ def trace_heads(phase: dict) -> dict[str, tuple[int, int]]:
     return {**TRACE_HEADS, **{kind: tuple(where) for kind, where in phase.get("trace_heads", {}).items()}}
 
 
+def trace_attention_loss(tracers: dict, phase: dict, copies: dict):
+    """(mean, added): the attention losses of the kinds of a trace's copies a phase teaches, found in
+    a batch — the mean over the kinds, and the sum of `ADDED_KINDS`' own, outside that mean (None when
+    a part has none). `tracers` holds a `PointerProbe` per (layer, head) of the phase's `trace_heads`."""
+    found = [(kind, rows) for kind, rows in copies.items()
+             if kind in phase["trace_kinds"] and rows is not None and len(rows)]
+    losses = {kind: tracers[phase["trace_heads"][kind]].loss(rows) for kind, rows in found}
+    averaged = [x for kind, x in losses.items() if kind not in ADDED_KINDS]
+    added = [x for kind, x in losses.items() if kind in ADDED_KINDS]
+    return (sum(averaged) / len(averaged) if averaged else None), (sum(added) if added else None)
+
+
 def weighs(phase: dict, *losses: str) -> bool:
     """Whether a phase gives any of these auxiliary losses a weight (a phase from the command line
     names none of them)."""
@@ -947,12 +973,12 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             if copies is not None and len(copies):
                 loss = loss + p.get("count_attend", p["attend"]) * copier.loss(copies)
             if weighs(p, "trace_attend"):
-                found = [(kind, rows) for kind, rows in trace_copies.items()
-                         if kind in p["trace_kinds"] and rows is not None and len(rows)]
-                if found:
-                    aux = sum(tracers[p["trace_heads"][kind]].loss(rows) for kind, rows in found) / len(found)
-                    traced.append(aux.item())
-                    loss = loss + p["trace_attend"] * aux
+                mean, added = trace_attention_loss(tracers, p, trace_copies)
+                if mean is not None:
+                    traced.append(mean.item())
+                    loss = loss + p["trace_attend"] * mean
+                if added is not None:
+                    loss = loss + p["trace_attend"] * added
             if weighs(p, "trace_readout") and copy_readouts is not None and len(copy_readouts):
                 aux = lens.loss(copy_readouts)
                 said.append(aux.item())

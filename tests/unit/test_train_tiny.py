@@ -328,6 +328,36 @@ def test_a_phase_moves_a_trace_kind_to_another_head_and_teaches_the_kinds_it_nam
     assert moved["trace_kinds"] == TRACE_KINDS and kept["trace_kinds"] == ["place"]
 
 
+def test_an_added_kind_stays_out_of_the_other_kinds_mean():
+    """`trace_attention_loss`: the kinds a phase teaches are averaged, the kinds it does not name are
+    left out, and `asked` (an any-question's colour) is added beside the mean, so naming it leaves
+    every other kind's weight as it was."""
+    import torch
+
+    from benchmarks.train_tiny import TRACE_HEADS, trace_attention_loss
+
+    class Probe:  # a head whose loss per kind is a known number: the copies' count times its weight
+        def __init__(self, weight):
+            self.weight = weight
+
+        def loss(self, rows):
+            return torch.tensor(float(len(rows)) * self.weight)
+
+    heads = {"copy": (0, 0), "sum": (0, 1), "addend": (1, 0), "place": (1, 1), "asked": (2, 0)}
+    tracers = {(0, 0): Probe(1.0), (0, 1): Probe(10.0), (1, 0): Probe(100.0), (1, 1): Probe(1000.0), (2, 0): Probe(5.0)}
+    rows = lambda n: torch.zeros(n, 3, dtype=torch.long)  # noqa: E731
+    copies = {"copy": rows(2), "sum": rows(1), "addend": rows(0), "place": None, "asked": rows(3)}
+    assert set(copies) == set(TRACE_HEADS)
+    before = {"trace_kinds": ["copy", "sum", "addend", "place"], "trace_heads": heads}
+    named = {**before, "trace_kinds": before["trace_kinds"] + ["asked"]}
+    mean, added = trace_attention_loss(tracers, before, copies)
+    assert mean.item() == (2.0 + 10.0) / 2 and added is None  # no copies of addend or place: not in the mean
+    mean, added = trace_attention_loss(tracers, named, copies)
+    assert mean.item() == (2.0 + 10.0) / 2 and added.item() == 15.0
+    mean, added = trace_attention_loss(tracers, {**named, "trace_kinds": ["asked"]}, copies)
+    assert mean is None and added.item() == 15.0
+
+
 def test_number_tokens_start_on_circles_where_a_sum_modulo_10_is_a_rotation(tokenizer):
     """`init_number_embeddings`: both spellings of a number share the circle dimensions, in the input
     and the output tables; on the period-10 circle, turning a's point by b's angle lands on (a + b) mod
@@ -525,7 +555,7 @@ def test_counted_cells_are_the_cells_each_number_counts():
 
 def test_traced_copies_point_each_copy_at_its_source():
     """A compose step's value points at the question's value for that colour, a count trace's counted
-    colour at the question's colour, a running sum at the sum it adds to and at what it adds (the value
+    colour at the question's colour (an any-question's as its own kind, `asked`), a running sum at the sum it adds to and at what it adds (the value
     or the row's count just before it), the total at the last sum, a row or column number at the
     question's (a colour question's, a compose question's row, a cell reading's k-th cell);
     recomputed here from the grid and the question, so a pointer at a wrong word would fail."""
@@ -533,7 +563,8 @@ def test_traced_copies_point_each_copy_at_its_source():
     from benchmarks.train_tiny import cell_reading, row_tally, traced_copies, value_sum
 
     rng = random.Random(2)
-    seen = {"copy": 0, "sum": 0, "place": 0, "compose traces": 0, "count traces": 0, "colour traces": 0}
+    seen = {"copy": 0, "sum": 0, "place": 0, "compose traces": 0, "count traces": 0, "colour traces": 0,
+            "any traces": 0}
     number = lambda text, at: int(re.match(r"\d+", text[at:]).group())  # noqa: E731
     word = lambda text, at: re.match(r"\w+", text[at:]).group()  # noqa: E731
     axis = lambda text, at: re.search(r"(row|column) $", text[:at]).group(1)  # noqa: E731
@@ -547,7 +578,14 @@ def test_traced_copies_point_each_copy_at_its_source():
             sums = [(at, src) for kind, at, in_prompt, src in copies if kind == "sum" and not in_prompt]
             addends = [(at, src) for kind, at, in_prompt, src in copies if kind == "addend" and not in_prompt]
             places = [(at, src) for kind, at, in_prompt, src in copies if kind == "place" and in_prompt]
-            assert len(copied) + len(sums) + len(addends) + len(places) == len(copies)
+            asked = [(at, src) for kind, at, in_prompt, src in copies if kind == "asked" and in_prompt]
+            assert len(copied) + len(sums) + len(addends) + len(places) + len(asked) == len(copies)
+            if item.kind == "any" and target == trace[1]:  # traced as a count, its colour its own kind
+                assert [word(prompt, src) for _, src in asked] == [item.target] * len(item.cells) and not copied
+                assert all(word(target, at) == item.target for at, _ in asked)
+                seen["any traces"] += 1
+            else:
+                assert not asked
             for at, src in places:  # a row's number read from the question's row, a column's from its column
                 assert number(target, at) == number(prompt, src) and axis(target, at) == axis(prompt, src)
             if target == reading[1]:  # the eight cells, each row and column from the k-th asked
@@ -585,7 +623,7 @@ def test_traced_copies_point_each_copy_at_its_source():
             seen["copy"] += len(copied)
             seen["sum"] += len(sums)
     assert seen["copy"] > 100 and seen["sum"] > 100 and seen["compose traces"] > 5 and seen["count traces"] > 5
-    assert seen["colour traces"] > 3 and seen["place"] > 36 * 16
+    assert seen["colour traces"] > 3 and seen["any traces"] > 0 and seen["place"] > 36 * 16
 
 
 def test_the_pointer_probe_reads_the_heads_own_attention(tokenizer):
@@ -660,7 +698,7 @@ def test_trace_copy_heads_are_taught_at_the_copied_tokens(tokenizer):
             assert len(found["place"]) >= 2 and len(found["place"]) % 2 == 0
         else:
             assert len(found["copy"]) >= 8 and len(found["sum"]) >= 8
-        for row, q, k in found["copy"].tolist() + found["place"].tolist():
+        for row, q, k in found["copy"].tolist() + found["place"].tolist() + found["asked"].tolist():
             assert labels[row, q + 1] == batch["input_ids"][row, k] and labels[row, k] == -100  # from the prompt
         assert [k for _, _, k in found["addend"].tolist()] == [q - 1 for _, q, _ in found["addend"].tolist()]
         for row, q, k in found["sum"].tolist():
