@@ -68,7 +68,8 @@ one-pass count (benchmarks/LEVERS.md, the trace's copies; the trace's places and
 count trace's row counts) that many times a copied word in their sequence's mean loss: at 4 the sums
 came within the same steps, in two seeds of two (compose traces 2 -> 46 and 56 of 60 exact, 13-14
 min, `benchmarks/schedules/large-computed.json`); at 8 the copies broke (benchmarks/LEVERS.md, the
-numbers a trace computes). `trace_kinds` may also name `asked`, an any-question's counted colour
+numbers a trace computes); `answer_weight` weighs so the answer a reasoning target gives after its
+trace. `trace_kinds` may also name `asked`, an any-question's counted colour
 (added to the other kinds' mean, not averaged into it: `trace_attention_loss`;
 `benchmarks/schedules/large-asked.json`; benchmarks/LEVERS.md, an any-question's colour).
 
@@ -429,7 +430,7 @@ class Batcher:
             self.next_item = first + size
         pix = self.proc(images=[r[2] for r in rows], return_tensors="pt")
         grid = pix["image_grid_thw"]
-        ids, labels, pointers, counters, copies, readouts, computed = [], [], [], [], [], [], []
+        ids, labels, pointers, counters, copies, readouts, computed, answered = [], [], [], [], [], [], [], []
         traced, copied = {kind: [] for kind in TRACE_HEADS}, {kind: [] for kind in SAID_KINDS}
         for row, ((prompt, target, _, (item, objective)), thw) in enumerate(zip(rows, grid)):
             n = int(thw.prod()) // self.proc.merge_size ** 2
@@ -465,6 +466,9 @@ class Batcher:
                     if kind in copied:  # what the copy head fetches is the token the query predicts
                         copied[kind].append((row, q, t[q + 1 - len(p)]))
                 computed += [(row, len(p) - 1 + token_at(encoded["offset_mapping"], at)) for at in computed_numbers(target)]
+                if objective == "reason":  # the answer after the trace: its first token
+                    answered.append((row, len(p) - 1 + token_at(encoded["offset_mapping"],
+                                                                target.rindex(answer_text(item)))))
             ids.append(p + t)
             labels.append([-100] * len(p) + t)
         width = max(map(len, ids))
@@ -480,6 +484,7 @@ class Batcher:
                     "copies": torch.tensor(copies, dtype=torch.long).reshape(-1, 3),
                     "readouts": torch.tensor(readouts, dtype=torch.long).reshape(-1, 3),
                     "computed": torch.tensor(computed, dtype=torch.long).reshape(-1, 2),
+                    "answered": torch.tensor(answered, dtype=torch.long).reshape(-1, 2),
                     **{f"{kind}_copies": torch.tensor(found, dtype=torch.long).reshape(-1, 3)
                        for kind, found in traced.items()},
                     **{f"{kind}_readouts": torch.tensor(said, dtype=torch.long).reshape(-1, 3)
@@ -793,7 +798,7 @@ def probed_model(ref: str):
 
 PHASE_KEYS = ("steps", "lr", "read_first", "mix", "finish_mix", "finish_share", "reason_tiers", "direct_tiers",
               "attend", "count_attend", "count_readout", "trace_attend", "trace_readout", "trace_kinds",
-              "trace_heads", "number_init", "computed_weight")
+              "trace_heads", "number_init", "computed_weight", "answer_weight")
 
 
 def load_schedule(path: str | Path) -> list[dict]:
@@ -804,7 +809,8 @@ def load_schedule(path: str | Path) -> list[dict]:
     its layer's output, trace_kinds, the kinds of `traced_copies` those two teach, `TRACE_KINDS` unless
     given, trace_heads, {kind: [layer, head]} for kinds taught at another head than `TRACE_HEADS`, and,
     read from the first phase as the run's start, number_init, `init_number_embeddings`; computed_weight,
-    how many times a copied word the numbers a trace computes weigh in the loss, `computed_numbers`),
+    how many times a copied word the numbers a trace computes weigh in the loss, `computed_numbers`;
+    answer_weight, the same for the answer after a reasoning target's trace),
     checked here so a typo fails before the first step, not after ten minutes."""
     phases = json.loads(Path(path).read_text())
     if not isinstance(phases, list) or not phases:
@@ -823,8 +829,9 @@ def load_schedule(path: str | Path) -> list[dict]:
         for kind, where in phase.get("trace_heads", {}).items():
             if not (isinstance(where, list) and len(where) == 2 and all(isinstance(x, int) and x >= 0 for x in where)):
                 raise ValueError(f"{path}: phase {n}'s trace_heads gives {kind} {where!r}, not [layer, head]")
-        if not (isinstance(phase.get("computed_weight", 1.0), (int, float)) and phase.get("computed_weight", 1.0) > 0):
-            raise ValueError(f"{path}: phase {n}'s computed_weight must be a number > 0")
+        for key in ("computed_weight", "answer_weight"):
+            if not (isinstance(phase.get(key, 1.0), (int, float)) and phase.get(key, 1.0) > 0):
+                raise ValueError(f"{path}: phase {n}'s {key} must be a number > 0")
         for key in ("reason_tiers", "direct_tiers"):
             if unknown := set(phase.get(key) or {}) - set(TIERS):
                 raise ValueError(f"{path}: phase {n}'s {key} names unknown tiers {sorted(unknown)}")
@@ -836,7 +843,8 @@ def phase_settings(phase: dict) -> dict:
     from the command line); the same phase again when it has them all."""
     return {"read_first": 0.0, "finish_mix": None, "finish_share": None, "reason_tiers": None,
             "direct_tiers": None, "attend": 0.0, "count_attend": phase.get("attend", 0.0), "count_readout": 0.0,
-            "trace_attend": 0.0, "trace_readout": 0.0, "trace_kinds": TRACE_KINDS, "computed_weight": 1.0, **phase,
+            "trace_attend": 0.0, "trace_readout": 0.0, "trace_kinds": TRACE_KINDS, "computed_weight": 1.0,
+            "answer_weight": 1.0, **phase,
             "trace_heads": trace_heads(phase)}
 
 
@@ -936,7 +944,8 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         p = phases[phase]
         return (mix_at(at, p["steps"], p["read_first"], p["mix"], p["finish_mix"], p["finish_share"]),
                 {"reason": p["reason_tiers"], "direct": p["direct_tiers"]},
-                weighs(p, "attend", "count_attend", "trace_attend", "trace_readout") or p["computed_weight"] != 1)
+                weighs(p, "attend", "count_attend", "trace_attend", "trace_readout") or p["computed_weight"] != 1
+                or p["answer_weight"] != 1)
 
     stream = batch_stream(batcher, total, batch_size, workers=data_workers, schedule=plan)
     bar = tqdm(stream, total=total, desc=f"train {role}", disable=not progress or rank > 0, mininterval=2)
@@ -949,10 +958,12 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
             group["lr"] = lr_at(at, p["steps"], p["lr"], warmup=max(1, p["steps"] // 20))
         labels, pointers, counters = batch.pop("labels"), batch.pop("pointers", None), batch.pop("counters", None)
         copies, readouts, computed = batch.pop("copies", None), batch.pop("readouts", None), batch.pop("computed", None)
+        answered = batch.pop("answered", None)
         weights = None
-        if p["computed_weight"] != 1 and computed is not None and len(computed):
-            weights = torch.ones(labels[:, 1:].shape)
-            weights[computed[:, 0], computed[:, 1]] = p["computed_weight"]
+        for key, where in (("computed_weight", computed), ("answer_weight", answered)):
+            if p[key] != 1 and where is not None and len(where):
+                weights = torch.ones(labels[:, 1:].shape) if weights is None else weights
+                weights[where[:, 0], where[:, 1]] = p[key]
         trace_copies = {kind: batch.pop(f"{kind}_copies", None) for kind in TRACE_HEADS}
         said_copies = {kind: batch.pop(f"{kind}_readouts", None) for kind in SAID_KINDS}
         # a phase's readout says the kinds it teaches, in the order they always were
@@ -1032,6 +1043,7 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
              **({"trace_readout": first["trace_readout"]} if first.get("trace_readout") else {}),
              **({"number_init": True} if first.get("number_init") else {}),
              **({"computed_weight": first["computed_weight"]} if first["computed_weight"] != 1 else {}),
+             **({"answer_weight": first["answer_weight"]} if first["answer_weight"] != 1 else {}),
              # Mean loss over the first and the last 50 steps (a fifth of a shorter run).
              "loss_first": round(sum(losses[:window]) / window, 4),
              "loss_last": round(sum(losses[-window:]) / window, 4),

@@ -797,3 +797,35 @@ def test_computed_numbers_are_the_sums_and_row_counts_and_weigh_as_a_phase_says(
         assert torch.allclose(answer_loss(model, batch, labels, torch.ones_like(weights)),
                               answer_loss(model, batch, labels), atol=1e-6)
         assert not torch.allclose(answer_loss(model, batch, labels, weights), answer_loss(model, batch, labels))
+
+
+def test_the_answer_after_a_trace_is_the_position_answer_weight_weighs(tokenizer, tmp_path):
+    """`answered`: in a reasoning batch, one position a row, the one that predicts the answer's first
+    token right after "Answer:" (read back from the target's text); none in other objectives; a
+    phase's answer_weight must be a number > 0 and is 1 unless given."""
+    from benchmarks.train_tiny import EOS, TRAINED_SIZES, Batcher, load_schedule
+    from tandem.checkpoints import new_tiny
+    from tandem.prompts import ANSWER_MARK
+
+    model, processor, tok = new_tiny(TRAINED_SIZES["large"], tokenizer, 0)
+    batcher = Batcher("large", tok, processor.image_processor, model.config.image_token_id, seed=7)
+    batcher.attend = True
+    for mix in ({"reason": 1.0}, {"direct": 1.0}, {"transfer": 1.0}, {"lookup": 1.0}):
+        batcher.mix = mix
+        batch = batcher.batch(3)
+        labels, answered = batch["labels"], batch["answered"]
+        if mix != {"reason": 1.0}:
+            assert len(answered) == 0
+            continue
+        assert answered[:, 0].tolist() == [0, 1, 2]
+        for row, q in answered.tolist():
+            target = tok.decode(labels[row][labels[row] != -100])
+            answer = target.rsplit(ANSWER_MARK, 1)[1].removesuffix(EOS)
+            assert tok.decode(labels[row, :q + 1][labels[row, :q + 1] != -100]).endswith(ANSWER_MARK)
+            assert tok.decode(labels[row, q + 1:][labels[row, q + 1:] != -100]) == answer + EOS
+    path = tmp_path / "s.json"
+    path.write_text('[{"steps": 2, "lr": 0.001, "mix": {"reason": 1.0}, "answer_weight": 0}]')
+    with pytest.raises(ValueError, match="answer_weight"):
+        load_schedule(path)
+    path.write_text('[{"steps": 2, "lr": 0.001, "mix": {"reason": 1.0}, "answer_weight": 3}]')
+    assert load_schedule(path)[0]["answer_weight"] == 3 and load_schedule(path)[0]["computed_weight"] == 1.0
