@@ -68,10 +68,10 @@ one-pass count (benchmarks/LEVERS.md, the trace's copies; the trace's places and
 count trace's row counts) that many times a copied word in their sequence's mean loss: at 4 the sums
 came within the same steps, in two seeds of two (compose traces 2 -> 46 and 56 of 60 exact, 13-14
 min, `benchmarks/schedules/large-computed.json`); at 8 the copies broke (benchmarks/LEVERS.md, the
-numbers a trace computes); `answer_weight` weighs so the answer a reasoning target gives after its
-trace. `trace_kinds` may also name `asked`, an any-question's counted colour
-(added to the other kinds' mean, not averaged into it: `trace_attention_loss`;
-`benchmarks/schedules/large-asked.json`; benchmarks/LEVERS.md, an any-question's colour).
+numbers a trace computes); `answer_weight` weighs the same way the answer after a reasoning target's
+trace. `trace_kinds` may also name `asked`, an any-question's counted colour (added to the other
+kinds' mean, not averaged into it: `trace_attention_loss`; `benchmarks/schedules/large-asked.json`).
+Neither bettered W5 (`large-tally.json`; benchmarks/LEVERS.md, an any-question's colour).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
@@ -314,8 +314,8 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     from "How many red cells"); `asked`, the same in an any-question's trace ("...; red 0", from "Is
     there a red cell"), a kind of its own (below); `sum`: a running sum or the total, from the sum it
     adds to ("... (3) green 7 (0)": 0 reads 3 back; "total 0" reads the last; a trace's first sum has
-    none); `addend`:
-    every running sum, from what it adds (the number just before it: "7" in "green 7 (0)"); `place`, from
+    none); `addend`: every running sum, from what it adds (the number just before it: "7" in "green 7
+    (0)"); `place`, from
     the question: a row or column number the question names ("row 2, column 3: green." for "... in row 2,
     column 3?", a compose trace's "row 3:", a cell reading's eight cells, the k-th written for the k-th
     asked). A count trace's row count is counted from the image, not copied: it is not here. Compose,

@@ -555,8 +555,8 @@ def test_counted_cells_are_the_cells_each_number_counts():
 
 def test_traced_copies_point_each_copy_at_its_source():
     """A compose step's value points at the question's value for that colour, a count trace's counted
-    colour at the question's colour (an any-question's as its own kind, `asked`), a running sum at the sum it adds to and at what it adds (the value
-    or the row's count just before it), the total at the last sum, a row or column number at the
+    colour at the question's colour (an any-question's as its own kind, `asked`), a running sum at the
+    sum it adds to and at what it adds (the value or the row's count just before it), the total at the last sum, a row or column number at the
     question's (a colour question's, a compose question's row, a cell reading's k-th cell);
     recomputed here from the grid and the question, so a pointer at a wrong word would fail."""
     from benchmarks.grid import line_of
