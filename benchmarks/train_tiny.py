@@ -71,7 +71,9 @@ min, `benchmarks/schedules/large-computed.json`); at 8 the copies broke (benchma
 numbers a trace computes); `answer_weight` weighs the same way the answer after a reasoning target's
 trace. `trace_kinds` may also name `asked`, an any-question's counted colour (added to the other
 kinds' mean, not averaged into it: `trace_attention_loss`; `benchmarks/schedules/large-asked.json`).
-Neither bettered W5 (`large-tally.json`; benchmarks/LEVERS.md, an any-question's colour).
+`asked` did not better W5 (`large-tally.json`); `answer_weight` 3 in its last two phases
+(`large-answer-late.json`) gave a one-run large model whose reasoning scores 7 points over its direct
+answers, F2 short (benchmarks/LEVERS.md, an any-question's colour).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.
