@@ -355,6 +355,32 @@ def traced_copies(prompt: str, target: str) -> list[tuple[str, int, bool, int]]:
     return copies
 
 
+# A trace's conclusion: its total ("total 4.") or a colour trace's colour ("row 1, column 2: white.").
+CONCLUSION = re.compile(r"\btotal (\d+)\.|\bcolumn \d+: (\w+)\.")
+
+
+def concluded(prompt: str, target: str, objective: str, answer: str) -> list[tuple[str, int, bool, int]]:
+    """`verdict`, in the shape of `traced_copies`: the answer's first word copying the conclusion of the
+    trace it follows — the hint's, in a transfer prompt; the model's own, after a reasoning target's
+    trace — when that conclusion is the answer (a corrupted hint's total often is not: the answer is
+    then not a copy). An any-question's "yes" or "no" is not written in its trace: none. It came after
+    W13 answered 6 of 12 held-out compose items wrong on the transfer path (`always`) right after a
+    hint that ended in the right total (session 27): nothing taught the answer to read the hint's
+    last number. Off unless a phase names it, and added beside the other kinds' mean (`ADDED_KINDS`)."""
+    if objective == "transfer":
+        text, at, in_prompt = prompt, 0, True
+    elif objective == "reason":
+        at = target.rindex(answer)
+        text, in_prompt = target[:at], False
+    else:
+        return []
+    ends = list(CONCLUSION.finditer(text))
+    if not ends:
+        return []
+    group = 1 if ends[-1].group(1) is not None else 2
+    return [("verdict", at, in_prompt, ends[-1].start(group))] if ends[-1].group(group) == answer else []
+
+
 def computed_numbers(target: str) -> list[int]:
     """Character offsets of every number a target computes rather than copies or reads: a running sum
     ("(3)"), the total after the last one, and a count trace's row count ("...; red 2 (2)": the 2). A
@@ -460,7 +486,8 @@ class Batcher:
                     counters += [(row, q, k, group) for k in [cells[0] - 1] + [key(r, c) for r, c in counted]]
                     readouts.append((row, q, number))
             if self.attend:
-                for kind, at, in_prompt, source in traced_copies(prompt, target):
+                for kind, at, in_prompt, source in (traced_copies(prompt, target)
+                                                    + concluded(prompt, target, objective, answer_text(item))):
                     key = (token_at(asked["offset_mapping"], source) if in_prompt
                            else len(p) + token_at(encoded["offset_mapping"], source))
                     q = len(p) - 1 + token_at(encoded["offset_mapping"], at)
@@ -615,14 +642,16 @@ COPY_LAYER, COPY_HEAD = 3, 1
 # before it, a layer earlier, so that both terms are at the sum's position when layer 2 adds them.
 # `trace_readout` reads the copy at this layer's output with `CountLens` (the counting layer, the same).
 # A row or column number copied from the question (`place`) is a copy from the question too: same head.
-TRACE_HEADS = {"copy": (2, 1), "sum": (2, 3), "addend": (1, 0), "place": (2, 1), "asked": (2, 1)}
+TRACE_HEADS = {"copy": (2, 1), "sum": (2, 3), "addend": (1, 0), "place": (2, 1), "asked": (2, 1),
+               "verdict": (2, 3)}
 # The kinds a phase's `trace_attend` and `trace_readout` teach unless it names them (`trace_kinds`):
-# `place` and `asked` came later, and a schedule written before them trains as it did.
+# `place`, `asked` and `verdict` came later, and a schedule written before them trains as it did.
 TRACE_KINDS = ("copy", "sum", "addend")
 # The kinds that copy a word of the question, whose copied token `trace_readout` teaches the stream to say.
 SAID_KINDS = ("copy", "place")
-# Kinds whose attention loss is added to the mean of the others instead of averaged into it (`asked`).
-ADDED_KINDS = ("asked",)
+# Kinds whose attention loss is added to the mean of the others instead of averaged into it (`asked`,
+# `verdict`).
+ADDED_KINDS = ("asked", "verdict")
 assert TRACE_HEADS["copy"][0] == COUNT_LAYER
 
 

@@ -330,8 +330,8 @@ def test_a_phase_moves_a_trace_kind_to_another_head_and_teaches_the_kinds_it_nam
 
 def test_an_added_kind_stays_out_of_the_other_kinds_mean():
     """`trace_attention_loss`: the kinds a phase teaches are averaged, the kinds it does not name are
-    left out, and `asked` (an any-question's colour) is added beside the mean, so naming it leaves
-    every other kind's weight as it was."""
+    left out, and `asked` (an any-question's colour) and `verdict` are added beside the mean, so naming
+    them leaves every other kind's weight as it was."""
     import torch
 
     from benchmarks.train_tiny import TRACE_HEADS, trace_attention_loss
@@ -343,10 +343,11 @@ def test_an_added_kind_stays_out_of_the_other_kinds_mean():
         def loss(self, rows):
             return torch.tensor(float(len(rows)) * self.weight)
 
-    heads = {"copy": (0, 0), "sum": (0, 1), "addend": (1, 0), "place": (1, 1), "asked": (2, 0)}
-    tracers = {(0, 0): Probe(1.0), (0, 1): Probe(10.0), (1, 0): Probe(100.0), (1, 1): Probe(1000.0), (2, 0): Probe(5.0)}
+    heads = {"copy": (0, 0), "sum": (0, 1), "addend": (1, 0), "place": (1, 1), "asked": (2, 0), "verdict": (2, 1)}
+    tracers = {(0, 0): Probe(1.0), (0, 1): Probe(10.0), (1, 0): Probe(100.0), (1, 1): Probe(1000.0),
+               (2, 0): Probe(5.0), (2, 1): Probe(0.5)}
     rows = lambda n: torch.zeros(n, 3, dtype=torch.long)  # noqa: E731
-    copies = {"copy": rows(2), "sum": rows(1), "addend": rows(0), "place": None, "asked": rows(3)}
+    copies = {"copy": rows(2), "sum": rows(1), "addend": rows(0), "place": None, "asked": rows(3), "verdict": rows(4)}
     assert set(copies) == set(TRACE_HEADS)
     before = {"trace_kinds": ["copy", "sum", "addend", "place"], "trace_heads": heads}
     named = {**before, "trace_kinds": before["trace_kinds"] + ["asked"]}
@@ -356,6 +357,8 @@ def test_an_added_kind_stays_out_of_the_other_kinds_mean():
     assert mean.item() == (2.0 + 10.0) / 2 and added.item() == 15.0
     mean, added = trace_attention_loss(tracers, {**named, "trace_kinds": ["asked"]}, copies)
     assert mean is None and added.item() == 15.0
+    mean, added = trace_attention_loss(tracers, {**named, "trace_kinds": named["trace_kinds"] + ["verdict"]}, copies)
+    assert mean.item() == (2.0 + 10.0) / 2 and added.item() == 15.0 + 2.0
 
 
 def test_number_tokens_start_on_circles_where_a_sum_modulo_10_is_a_rotation(tokenizer):
@@ -829,3 +832,47 @@ def test_the_answer_after_a_trace_is_the_position_answer_weight_weighs(tokenizer
         load_schedule(path)
     path.write_text('[{"steps": 2, "lr": 0.001, "mix": {"reason": 1.0}, "answer_weight": 3}]')
     assert load_schedule(path)[0]["answer_weight"] == 3 and load_schedule(path)[0]["computed_weight"] == 1.0
+
+
+def test_a_verdict_points_the_answer_at_the_conclusion_it_copies(tokenizer):
+    """`verdict`: after a hint or the model's own trace whose total (or colour) is the answer, the
+    answer's first token is taught to look at that total — in the prompt for a transfer, earlier in
+    the target after a trace; a corrupted hint whose total is not the answer, an any-question (whose
+    "yes" is not written in its trace) and the other objectives teach none."""
+    from benchmarks.grid import corrupt_trace
+    from benchmarks.train_tiny import CONCLUSION, TRAINED_SIZES, Batcher, answer_text, concluded
+    from tandem.checkpoints import new_tiny
+
+    model, processor, tok = new_tiny(TRAINED_SIZES["large"], tokenizer, 0)
+    batcher = Batcher("large", tok, processor.image_processor, model.config.image_token_id, seed=5)
+    batcher.attend = True
+    seen = {"transfer": 0, "reason": 0}
+    for mix in ({"transfer": 1.0}, {"reason": 1.0}, {"direct": 1.0}, {"lookup": 1.0}):
+        batcher.mix = mix
+        for _ in range(4):
+            batch = batcher.batch(4)
+            labels, ids, found = batch["labels"], batch["input_ids"], batch["verdict_copies"].tolist()
+            if mix.keys() - {"transfer", "reason"}:
+                assert found == []
+                continue
+            seen[next(iter(mix))] += len(found)
+            for row, q, k in found:
+                word = tok.decode(labels[row, q + 1]).strip()  # the answer's first token
+                upto = tok.decode(ids[row, :k + 1])
+                assert upto.endswith(f"total {word}") or upto.endswith(f": {word}")
+                assert (labels[row, k] == -100) == ("transfer" in mix)  # a hint's in the prompt, a trace's not
+                if "reason" in mix:
+                    assert tok.decode(labels[row, :q + 1][labels[row, :q + 1] != -100]).endswith("Answer:")
+    assert seen["transfer"] > 0 and seen["reason"] > 0
+    for seed in range(40):  # by construction, on the text
+        item = grid_item(train_seed(0, seed))
+        answer, hint = answer_text(item), f"Hint: {item.trace}"
+        found = concluded(hint, answer, "transfer", answer)
+        assert (len(found) == 1) == (item.kind != "any")
+        if found:
+            assert hint[found[0][3]:].startswith(answer + ".") and found[0][1:3] == (0, True)
+        wrong = corrupt_trace(item, random.Random(seed))[0]
+        last = [w for w in CONCLUSION.findall(wrong)[-1] if w]
+        if last != [answer]:  # a misread that changed the conclusion: the answer is not a copy of it
+            assert concluded(f"Hint: {wrong}", answer, "transfer", answer) == []
+        assert concluded("", item.trace, "direct", answer) == []
