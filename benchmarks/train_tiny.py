@@ -1197,6 +1197,8 @@ def stage_command(role: str, stage: dict, later: bool) -> str:
         parts.append(f"--procs {stage['procs']}")
     if stage["seed"]:
         parts.append(f"--seed {stage['seed']}")
+    if stage.get("batch_size", DEFAULTS[role]["batch_size"]) != DEFAULTS[role]["batch_size"]:
+        parts.append(f"--batch-size {stage['batch_size']}")
     if stage.get("phases"):
         return " ".join(parts + (["--init-from BASE"] if later else []) + [f"--schedule {stage['schedule']}"])
     if later:

@@ -392,7 +392,8 @@ def test_number_tokens_start_on_circles_where_a_sum_modulo_10_is_a_rotation(toke
 
 def test_a_chained_run_switches_mix_and_tiers_by_phase_and_cards_every_phase(tmp_path, tokenizer):
     """--schedule: one run from scratch whose phases are what stages were; each phase's batches follow its
-    own mix and tiers, and the card and the reproduce command name the schedule."""
+    own mix and tiers, and the card and the reproduce command name the schedule (and the batch size,
+    where it is not the role's default: without it the command trained another model)."""
     from benchmarks.train_tiny import TRAINED_SIZES, Batcher, batch_stream, phase_of, stage_command, write_card
     from tandem.checkpoints import new_tiny
 
@@ -418,7 +419,7 @@ def test_a_chained_run_switches_mix_and_tiers_by_phase_and_cards_every_phase(tmp
     assert "One run in 2 phases (`--schedule S.json`)" in card and "Phase 2: 4 steps, peak LR 0.001" in card
     assert "direct-answer tiers: count 100%" in card
     assert stage_command("small", facts, False) == (f"python -m benchmarks.train_tiny --role small "
-                                                    f"--threads {facts['threads']} --schedule S.json")
+                                                    f"--threads {facts['threads']} --batch-size 4 --schedule S.json")
 
 
 def test_shards_take_disjoint_rows_of_each_batch_with_the_batchs_one_objective(tokenizer, monkeypatch):
