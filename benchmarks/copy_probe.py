@@ -8,7 +8,8 @@ and how often the model, fed the program's trace up to there (teacher forcing), 
 Kinds: `copy` — a word copied from the question (a compose step's value, a count trace's counted
 colour); `sum` — a running sum or the total, at the sum it adds to; `addend` — the same running sum,
 at what it adds (the value or the row's count just before it); `place` — a row or column number
-copied from the question (a colour trace's "row 2, column 3", a compose trace's row). Each is
+copied from the question (a colour trace's "row 2, column 3", a compose trace's row); `asked` — an
+any-question's colour; `verdict` — the answer after a trace, at the trace's total (or colour). Each is
 measured on four kinds of example: colour traces (the perceive tier's, mostly a named cell's),
 compose traces, count traces (the reasoning prompt) and the `lookup` objective (values named in the
 text). `weight` is the mean attention the kind's head (`TRACE_HEADS`, or where the model's training

@@ -1,6 +1,8 @@
 """Trains the tiny Qwen3-VL pair on the grid task (DESIGN §9) and writes the checkpoints Tandem ships.
 
-    python -m benchmarks.train_tiny --role large         # into tandem/trained/large (15-21 min, 1 thread)
+    python -m benchmarks.train_tiny --role large --procs 2 --batch-size 32 \
+        --schedule benchmarks/schedules/large-verdict.json   # the shipped large model (~14 min, both cores)
+    python -m benchmarks.train_tiny --role large         # the first stage of L6a, shipped before (15-21 min)
     python -m benchmarks.train_tiny --role small         # a small model from scratch (~12 min, 1 thread)
     python -m benchmarks.train_tiny --role small --init-from BASE --steps 500 --lr 1e-3 \
         --mix direct=0.2,reason=0.4,caption=0.1,lookup=0.3   # its second stage (~2 min; the shipped one's)
@@ -73,7 +75,10 @@ trace. `trace_kinds` may also name `asked`, an any-question's counted colour (ad
 kinds' mean, not averaged into it: `trace_attention_loss`; `benchmarks/schedules/large-asked.json`).
 `asked` did not better W5 (`large-tally.json`); `answer_weight` 3 in its last two phases
 (`large-answer-late.json`) gave a one-run large model whose reasoning scores 7 points over its direct
-answers, F2 short (benchmarks/LEVERS.md, an any-question's colour).
+answers, F2 short (benchmarks/LEVERS.md, an any-question's colour). `verdict` (`concluded`): the
+answer's first token taught to look at the conclusion it copies, a hint's total or its own trace's;
+with it in the last two phases and the tally dropped, one run of 14.3 min met F1-F3 and is the shipped
+large model (`large-verdict.json`; benchmarks/LEVERS.md, the answer's copy of the conclusion).
 
 Both models share one byte-level BPE tokenizer trained on the task's text, so task words are single
 tokens. The script owns training only; accuracy comes from `benchmarks.strategies --dataset grid`.

@@ -14,8 +14,8 @@ from tandem.config import TandemConfig
 from tandem.schemas import AskRequest
 
 # Chance on this slice is about 29 % (A-D questions, two-option yes/no ones). The floors sit ten
-# points or more below what the pair measured on 400 held-out items (model cards: small 95.0 %,
-# always 95.0 %, large 78.7 %), so they catch a broken or a much worse pair, not noise.
+# points or more below what the pair measured on 400 held-out items (model cards: small 97.5 %,
+# always 96.0 %, large 75.7 %), so they catch a broken or a much worse pair, not noise.
 FLOORS = {"small": 0.85, "always": 0.85, "large": 0.65}
 
 
