@@ -2,6 +2,7 @@
 loads the local app, simulates the same loads from the profile, and compares.
 
     python -m benchmarks.sim_check [--quick]
+    python -m benchmarks.sim_check --resimulate results/sim-check-DATE   # a saved run, this model
 
 Starts serve_config.yaml's app (the trained pair, one replica per pool, all on this machine's cores),
 then:
@@ -13,10 +14,12 @@ then:
 3. the simulator on the same loads (the open loop replaying the send times the app got) — with the
    items' own workload (the paths and stage sizes the concurrency-1 loop's answers reported) — fed by
    that profile and the same config, with the replicas sharing the machine's cores (`--host-cores`,
-   default: all of them);
+   default: all of them, less the share the hypervisor gave other guests during that load);
 4. a table: measured vs simulated throughput and p50, and whether each is within `--tolerance`;
    beside them the app's CPU per answered request over each load against the profile's figure for
-   as many in flight (the loads of a run that ran at one speed sit together).
+   as many in flight (the loads of a run that ran at one speed sit together), and the share of the
+   machine's CPU time the hypervisor gave to other guests over each load (`steal`; the profile's in
+   its `source`).
 Writes results/sim-check-*/{sim_check.json,profile.json} and ends with one JSON line.
 """
 
@@ -117,9 +120,36 @@ def _summary(records, window_start: float, window_end: float) -> dict:
             "requests": len(records), "statuses": statuses}
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
 def _brief(m: dict) -> dict:
     return {**{k: v for k, v in m.items() if k not in ("workload", "arrivals_s")}, "transfer_rate": m["workload"]["transfer_rate"],
             "degraded": m["workload"]["degraded"]}
+
+
+class Steal:
+    """The share of the machine's CPU time its hypervisor gave to other guests over a span (Linux's
+    `steal`): a neighbour's load the app and the profile cannot see, and the simulator cannot know."""
+
+    def __init__(self):
+        import psutil
+
+        self._times = psutil.cpu_times
+        self.start = self._times()
+
+    def share(self) -> float | None:
+        return steal_share(self.start, self._times())
+
+
+def steal_share(start, end) -> float | None:
+    """Stolen time over all the time between two `psutil.cpu_times()` readings (guest time is
+    already inside user time, so it is not counted twice); None where the OS reports no steal."""
+    if not hasattr(end, "steal"):
+        return None
+    total = sum(getattr(end, f) - getattr(start, f) for f in end._fields if f not in ("guest", "guest_nice"))
+    return round((end.steal - start.steal) / total, 3) if total > 0 else None
 
 
 def within(measured: float, simulated: float, tolerance: float) -> tuple[float, bool]:
@@ -127,59 +157,9 @@ def within(measured: float, simulated: float, tolerance: float) -> tuple[float, 
     return round(err, 3), abs(err) <= tolerance
 
 
-def main(argv=None) -> int:
-    from benchmarks.stage_profile import FULL, QUICK, build_profile, print_profile
-    from tandem.cli import read_tandem_args
-    from tandem.config import load_tandem_config
-
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="shorter loads and the quick profile grid")
-    p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--duration-s", type=float, default=60.0, help="per load point")
-    p.add_argument("--open-fraction", type=float, default=0.9,
-                   help="open-loop rate as a share of the throughput measured at the highest concurrency")
-    p.add_argument("--host-cores", type=float, default=os.cpu_count())
-    p.add_argument("--tolerance", type=float, default=0.25)
-    p.add_argument("--out", default=str(ROOT / "results"))
-    args = p.parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-
-    torch.set_num_threads(1)  # as a replica has it (Ray: one thread for a num_cpus <= 1 actor)
-    config_path = ROOT / "serve_config.yaml"
-    config = load_tandem_config(read_tandem_args(str(config_path)))
-    settings = settings_from_config(config_path)
-    duration = 20.0 if args.quick else args.duration_s
-    items = bodies(400, seed=11)
-    points = []
-    with LocalApps() as app:
-        print(f"sim_check: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; app {app.url}")
-        profile_dict = build_profile(config, QUICK if args.quick else FULL, url=app.url,
-                                     app_requests=20 if args.quick else 60,
-                                     vision_wait_s=settings["VisionEncoder"].batch_wait_s)
-        print_profile(profile_dict)
-        # Every process's CPU over each load, per answered request: beside the profile's figure for
-        # as many in flight, it says whether the machine ran the load at the profile's speed (this
-        # shared VM's speed moves by a third within minutes; benchmarks/README.md, runs 16-22).
-        processes = app_processes()
-
-        def with_cpu(load_coro) -> dict:
-            before = cpu_seconds(processes)
-            m = asyncio.run(load_coro)
-            after = cpu_seconds(processes)
-            m["cpu_ms_per_request"] = round(sum(after[k] - before[k] for k in before) / max(1, m["answered"]) * 1000, 1)
-            return m
-
-        loads = [("closed", int(c)) for c in args.concurrency.split(",")]
-        for kind, load in loads:
-            m = with_cpu(closed_loop(app.url, items, load, duration))
-            points.append({"kind": kind, "load": load, "measured": m})
-            print(f"measured closed c={load}: {_brief(m)}", flush=True)
-        rate = round(args.open_fraction * points[-1]["measured"]["throughput_rps"], 2)
-        m = with_cpu(open_loop(app.url, items, rate, duration, seed=3))
-        points.append({"kind": "open", "load": rate, "measured": m})
-        print(f"measured open {rate} req/s: {_brief(m)}", flush=True)
-
+def compare(profile_dict: dict, points: list[dict], settings: dict, duration: float, host_cores: float,
+            tolerance: float) -> list[dict]:
+    """Each measured load simulated from the profile, with its errors; the points, annotated."""
     profile = Profile.from_dict(profile_dict)
     print(f"workload of the profile's {profile.workload.get('requests', 0)} requests: "
           f"{Workload.from_measured(profile.workload).describe()}")
@@ -196,42 +176,134 @@ def main(argv=None) -> int:
         kw = {"concurrency": pt["load"]} if pt["kind"] == "closed" else {"arrivals": pt["measured"]["arrivals_s"]}
         # The same length of run as measured: near saturation the queue is still growing at 60 s,
         # so a longer simulated run reports the longer queue of a later moment.
-        s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=args.host_cores, **kw)
+        # The cores the app had during this load: what the hypervisor gave other guests was not
+        # there to run on (a machine's measured capacity, like its core count; not the app's figures).
+        cores = host_cores * (1 - (pt["measured"].get("steal") or 0.0))
+        s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=cores, **kw)
+        pt["host_cores"] = round(cores, 3)
         pt["simulated"] = {k: s[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "rejection_rate", "pools")}
         m = pt["measured"]
-        pt["throughput_error"], t_ok = within(m["throughput_rps"], s["throughput_rps"], args.tolerance)
-        pt["p50_error"], p_ok = within(m["p50_ms"], s["p50_ms"], args.tolerance)
+        pt["throughput_error"], t_ok = within(m["throughput_rps"], s["throughput_rps"], tolerance)
+        pt["p50_error"], p_ok = within(m["p50_ms"], s["p50_ms"], tolerance)
         pt["within"] = t_ok and p_ok
         # In flight: the clients for a closed loop; by Little's law for the open one.
         in_flight = pt["load"] if pt["kind"] == "closed" else m["throughput_rps"] * m["mean_ms"] / 1000
         expected = profile.cpu_ms_at(in_flight)
         pt["cpu_vs_profile"] = round(m["cpu_ms_per_request"] / expected, 2) if expected else None
         rows.append(pt)
-    ok = all(pt["within"] for pt in rows)
+    return rows
 
+
+def print_table(rows: list[dict]) -> None:
     print(f"\n{'load':<16} {'xfer':>5} {'meas rps':>9} {'sim rps':>8} {'err':>7} {'meas p50':>9} {'sim p50':>8} {'err':>7}"
-          f"  ok   cpu/req vs profile")
+          f"  ok   cpu/req vs profile  steal")
     for pt in rows:
         m, s = pt["measured"], pt["simulated"]
         label = f"closed c={pt['load']}" if pt["kind"] == "closed" else f"open {m['offered_rps']:.1f}/s"
         print(f"{label:<16} {m['workload']['transfer_rate']:>5.0%} {m['throughput_rps']:>9.2f} {s['throughput_rps']:>8.2f} "
               f"{pt['throughput_error']:>+7.1%} {m['p50_ms']:>9.1f} {s['p50_ms']:>8.1f} {pt['p50_error']:>+7.1%}  "
               f"{'yes' if pt['within'] else 'NO ':<3}  {m['cpu_ms_per_request']:.0f} ms "
-              f"({pt['cpu_vs_profile'] or float('nan'):.2f}x)")
+              f"({pt['cpu_vs_profile'] or float('nan'):.2f}x)  {_pct(m.get('steal'))}")
+
+
+def summary_line(rows: list[dict], profile_dict: dict, tolerance: float, **extra) -> str:
+    return json.dumps({"benchmark": "sim_check", **extra, "tolerance": tolerance,
+                       "all_within": all(r["within"] for r in rows),
+                       "points": [{"kind": r["kind"], "load": r["load"],
+                                   "offered_rps": r["measured"].get("offered_rps"),
+                                   "transfer_rate": r["measured"]["workload"]["transfer_rate"],
+                                   "degraded": r["measured"]["workload"]["degraded"],
+                                   "measured_rps": r["measured"]["throughput_rps"],
+                                   "simulated_rps": r["simulated"]["throughput_rps"],
+                                   "measured_p50_ms": r["measured"]["p50_ms"], "simulated_p50_ms": r["simulated"]["p50_ms"],
+                                   "cpu_vs_profile": r["cpu_vs_profile"], "steal": r["measured"].get("steal"),
+                                   "within": r["within"]} for r in rows],
+                       "profile_steal": profile_dict["source"].get("steal")})
+
+
+def resimulate(run_dir: Path, duration: float, tolerance: float) -> int:
+    """A saved run's measured loads simulated again from its saved profile, by this code: a change to
+    the model is judged on the runs already measured, the app's figures fixed."""
+    profile_dict = json.loads((run_dir / "profile.json").read_text())
+    saved = json.loads((run_dir / "sim_check.json").read_text())
+    points = [{k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"]]
+    rows = compare(profile_dict, points, settings_from_config(ROOT / "serve_config.yaml"), duration,
+                   saved["host_cores"], tolerance)
+    print_table(rows)
+    print(summary_line(rows, profile_dict, tolerance, resimulated=str(run_dir)))
+    return 0
+
+
+def main(argv=None) -> int:
+    from benchmarks.stage_profile import FULL, QUICK, build_profile, print_profile
+    from tandem.cli import read_tandem_args
+    from tandem.config import load_tandem_config
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="shorter loads and the quick profile grid")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--duration-s", type=float, default=60.0, help="per load point")
+    p.add_argument("--open-fraction", type=float, default=0.9,
+                   help="open-loop rate as a share of the throughput measured at the highest concurrency")
+    p.add_argument("--host-cores", type=float, default=os.cpu_count())
+    p.add_argument("--tolerance", type=float, default=0.25)
+    p.add_argument("--out", default=str(ROOT / "results"))
+    p.add_argument("--resimulate", metavar="DIR", type=Path,
+                   help="no app: simulate a saved run's loads (DIR: results/sim-check-*) again with this code")
+    args = p.parse_args(argv)
+    if args.resimulate:
+        return resimulate(args.resimulate, 20.0 if args.quick else args.duration_s, args.tolerance)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    torch.set_num_threads(1)  # as a replica has it (Ray: one thread for a num_cpus <= 1 actor)
+    config_path = ROOT / "serve_config.yaml"
+    config = load_tandem_config(read_tandem_args(str(config_path)))
+    settings = settings_from_config(config_path)
+    duration = 20.0 if args.quick else args.duration_s
+    items = bodies(400, seed=11)
+    points = []
+    with LocalApps() as app:
+        print(f"sim_check: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; app {app.url}")
+        steal = Steal()
+        profile_dict = build_profile(config, QUICK if args.quick else FULL, url=app.url,
+                                     app_requests=20 if args.quick else 60,
+                                     busy_requests=20 if args.quick else 200,
+                                     vision_wait_s=settings["VisionEncoder"].batch_wait_s)
+        profile_dict["source"]["steal"] = steal.share()
+        print_profile(profile_dict)
+        print(f"CPU time stolen by the hypervisor while profiling: {profile_dict['source']['steal']}")
+        # Every process's CPU over each load, per answered request: beside the profile's figure for
+        # as many in flight, it says whether the machine ran the load at the profile's speed (this
+        # shared VM's speed moves by a third within minutes; benchmarks/README.md, runs 16-22).
+        processes = app_processes()
+
+        def with_cpu(load_coro) -> dict:
+            before, steal = cpu_seconds(processes), Steal()
+            m = asyncio.run(load_coro)
+            after = cpu_seconds(processes)
+            m["steal"] = steal.share()
+            m["cpu_ms_per_request"] = round(sum(after[k] - before[k] for k in before) / max(1, m["answered"]) * 1000, 1)
+            return m
+
+        loads = [("closed", int(c)) for c in args.concurrency.split(",")]
+        for kind, load in loads:
+            m = with_cpu(closed_loop(app.url, items, load, duration))
+            points.append({"kind": kind, "load": load, "measured": m})
+            print(f"measured closed c={load}: {_brief(m)}", flush=True)
+        rate = round(args.open_fraction * points[-1]["measured"]["throughput_rps"], 2)
+        m = with_cpu(open_loop(app.url, items, rate, duration, seed=3))
+        points.append({"kind": "open", "load": rate, "measured": m})
+        print(f"measured open {rate} req/s: {_brief(m)}", flush=True)
+
+    rows = compare(profile_dict, points, settings, duration, args.host_cores, args.tolerance)
+    print_table(rows)
     out = Path(args.out) / f"sim-check-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(profile_dict, indent=1))
     (out / "sim_check.json").write_text(json.dumps({"points": rows, "host_cores": args.host_cores}, indent=1))
     print(f"results: {out}")
-    print(json.dumps({"benchmark": "sim_check", "tolerance": args.tolerance, "all_within": ok,
-                      "points": [{"kind": r["kind"], "load": r["load"],
-                                  "offered_rps": r["measured"].get("offered_rps"),
-                                  "transfer_rate": r["measured"]["workload"]["transfer_rate"],
-                                  "degraded": r["measured"]["workload"]["degraded"],
-                                  "measured_rps": r["measured"]["throughput_rps"],
-                                  "simulated_rps": r["simulated"]["throughput_rps"],
-                                  "measured_p50_ms": r["measured"]["p50_ms"], "simulated_p50_ms": r["simulated"]["p50_ms"],
-                                  "cpu_vs_profile": r["cpu_vs_profile"], "within": r["within"]} for r in rows]}))
+    print(summary_line(rows, profile_dict, args.tolerance))
     return 0
 
 

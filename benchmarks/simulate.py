@@ -26,7 +26,8 @@ What is modelled, as the app does it (DESIGN §13):
 overhead or a Router's work that starts while k activities compute runs max(1, k / N) times slower.
 A profile measured on a served app also carries each stage call's overhead beyond the model's work
 (`calls`: the handle's RPC, the features' fetch, the stream), added before the call reaches its pool,
-and the app's whole CPU per request (`cpu_ms_per_request`, every process): with shared cores, the part
+what its decode loop spends a step beyond the engine's (`served.step_overhead_ms`, added to every
+step), and the app's whole CPU per request (`cpu_ms_per_request`, every process): with shared cores, the part
 the stages do not account for (Serve's proxy and controller, the Router's handling of calls, the
 replicas' own bookkeeping) runs beside each request as load on the cores, off its critical path —
 measured alone and, if the profile has it, with 8 requests in flight (`cpu_ms_per_request_busy`):
@@ -112,17 +113,23 @@ class Profile:
     # The same with more requests in flight, (in flight, ms), if measured: batching and the processes'
     # per-iteration loops spread part of one request's cost over the others in flight.
     cpu_busy: tuple[int, float] | None = None
+    # What a served decode step costs beyond the engine's (the replica's event loop and its per-token
+    # stream messages share the decode loop's process), ms per role; folded into `step` at every
+    # batch size, as one loop iteration's cost.
+    step_overhead_ms: dict = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict) -> Profile:
         if d.get("kind") != PROFILE_KIND:
             raise ValueError(f"not a stage profile (kind {d.get('kind')!r}, expected {PROFILE_KIND!r})")
         gens = d["generators"]
+        served = {r: float(v) for r, v in d.get("served", {}).get("step_overhead_ms", {}).items()}
         return cls(router_ms=float(d["router"]["ms"]),
                    vision={r: Curve([(p["images"], p["ms"]) for p in d["vision"][r]]) for r in ROLES},
                    prefill={r: Curve([(p["batch"] * p["prompt_tokens"], p["ms"]) for p in gens[r]["prefill"]])
                             for r in ROLES},
-                   step={r: Curve([(p["batch"], p["ms"]) for p in gens[r]["step"]]) for r in ROLES},
+                   step={r: Curve([(p["batch"], p["ms"] + served.get(r, 0.0)) for p in gens[r]["step"]]) for r in ROLES},
+                   step_overhead_ms=served,
                    workload=d.get("workload", {}), source=d.get("source", {}),
                    call_ms={"encode": 0.0, "generate": 0.0, **d.get("calls", {})},
                    cpu_ms_per_request=float(sum(d.get("cpu_ms_per_request", {}).values())),
@@ -152,7 +159,8 @@ class Profile:
                        step={r: scale(c, factors.get(r, 1.0)) for r, c in self.step.items()},
                        workload=self.workload, source={**self.source, "scaled": factors},
                        call_ms={k: v * factors.get("router", 1.0) for k, v in self.call_ms.items()},
-                       cpu_ms_per_request=self.cpu_ms_per_request, cpu_busy=self.cpu_busy)
+                       cpu_ms_per_request=self.cpu_ms_per_request, cpu_busy=self.cpu_busy,
+                       step_overhead_ms=self.step_overhead_ms)
 
 
 # --- the workload -----------------------------------------------------------------------------------

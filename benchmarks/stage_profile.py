@@ -17,7 +17,9 @@ With `--url` (a running Tandem, e.g. the local app) it also measures what only t
 `router.ms`, the cost a request pays outside the pipeline's stages (proxy, parsing, response: client
 latency minus the trace's total, median at concurrency 1), `calls`, each stage call's cost beyond its
 model's work (a generate stage's latency less the model server's queue and decode time; an encode
-stage's less the batch wait and the towers' time), and `workload`: `tandem:mutual` on held-out grid
+stage's less the batch wait and the towers' time), `served.step_overhead_ms`, what a decode step costs
+the served loop beyond the engine's step (the generate stages' decode time, one request at a time,
+less the curves' prediction, per step), and `workload`: `tandem:mutual` on held-out grid
 items — the transfer share and each stage's prompt tokens and decode steps, as the trace reports them —
 and, when the app runs on this machine, `cpu_ms_per_request`: every one of its processes' CPU time
 per request over those requests (benchmarks/cpu_per_request.py), and `cpu_ms_per_request_busy`: the
@@ -189,16 +191,17 @@ class Traces:
                 "degraded": self.degraded}
 
 
-def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dict]:
-    """(router ms, workload, median call overheads, CPU ms per request by process) from
-    `tandem:mutual` on n held-out grid items, one at a time."""
+def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dict, list[tuple[str, int, int, float]]]:
+    """(router ms, workload, median call overheads, CPU ms per request by process, every generate
+    stage's (role, prompt tokens, decode steps, decode ms)) from `tandem:mutual` on n held-out grid
+    items, one at a time."""
     import httpx
 
     from benchmarks.client import item_body
     from benchmarks.cpu_per_request import app_processes, cpu_seconds, ms_per_request
     from benchmarks.grid import grid_items
 
-    overhead, traces, calls = [], Traces(), {"encode": [], "generate": []}
+    overhead, traces, calls, decodes = [], Traces(), {"encode": [], "generate": []}, []
     processes = app_processes()  # the app's processes on this machine (only this client for a remote URL)
     cpu_before = cpu_seconds(processes)
     with httpx.Client(timeout=120) as http:
@@ -214,11 +217,32 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dic
             for name, s in trace.get("stages", {}).items():
                 # the call's time beyond the model server's own (queue, batch wait, prefill, decode)
                 calls["generate"].append(lat[name] - s["queue_ms"] - s["decode_ms"])
+                decodes.append((name.split("_")[0], s["prompt_tokens"], s["decode_steps"], s["decode_ms"]))
             calls["encode"] += [lat[k] for k in ("encode_small", "encode_large") if k in lat]
     cpu = ms_per_request(cpu_before, cpu_seconds(processes), n)
     workload = traces.workload()
     medians = {k: statistics.median(v) for k, v in calls.items() if v}
-    return round(statistics.median(overhead), 3), workload, medians, cpu
+    return round(statistics.median(overhead), 3), workload, medians, cpu, decodes
+
+
+def served_step_overhead(decodes: list[tuple[str, int, int, float]], generators: dict) -> dict[str, float]:
+    """Per role, what a served decode step costs beyond the engine's own step, ms: the served rows'
+    decode time (prefill and steps, one request at a time) less the engine curves' prediction for the
+    same prompts and steps, per step. The served loop shares its process with the replica's event
+    loop, which handles every token's stream message under the same GIL (2026-12-03: the small
+    model's reasoning decoded at 2.3 ms a step served, 1.2 ms in the engine alone)."""
+    from benchmarks.simulate import Curve
+
+    out = {}
+    for role, g in generators.items():
+        prefill = Curve([(q["prompt_tokens"], q["ms"]) for q in g["prefill"] if q["batch"] == 1])
+        step1 = Curve([(q["batch"], q["ms"]) for q in g["step"]])(1)
+        rows = [(p, k, ms) for r, p, k, ms in decodes if r == role]
+        steps = sum(k for _, k, _ in rows)
+        if steps:
+            extra = sum(ms - prefill(p) - k * step1 for p, k, ms in rows)
+            out[role] = round(max(0.0, extra / steps), 3)
+    return out
 
 
 def measure_cpu_busy(url: str, n: int, concurrency: int, seed: int = 0) -> dict[str, float]:
@@ -251,6 +275,7 @@ BUSY_CONCURRENCY = 8
 
 
 def build_profile(config, grid: dict, *, url: str | None = None, router_ms: float = 1.0, app_requests: int = 40,
+                  busy_requests: int | None = None,
                   vision_wait_s: float = 0.005, bar=None) -> dict:
     from benchmarks.grid import grid_items
     from benchmarks.simulate import PROFILE_KIND
@@ -258,10 +283,14 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
     item = grid_items(1, seed=0)[0]
     started = time.time()
     measured = profile_engines(config, grid, item.image, item.prompt(), bar)
-    workload, calls, cpu, busy = {}, {}, {}, {}
+    workload, calls, cpu, busy, served = {}, {}, {}, {}, {}
     if url:
-        router_ms, workload, medians, cpu = measure_app(url, app_requests)
-        busy = measure_cpu_busy(url, app_requests, BUSY_CONCURRENCY)
+        router_ms, workload, medians, cpu, decodes = measure_app(url, app_requests)
+        served = served_step_overhead(decodes, measured["generators"])
+        # The busy figure sets the simulated capacity: over 60 requests (8 clients of 7-8 each) the
+        # start and the stragglers, with fewer in flight, weigh a fifth, and a few seconds of a
+        # neighbour's load moved it 0.69-0.97x of the alone figure between runs (2026-12-03).
+        busy = measure_cpu_busy(url, busy_requests or app_requests, BUSY_CONCURRENCY)
         calls = {"generate": round(max(0.0, medians.get("generate", 0.0)), 3)}
         if "encode" in medians:
             # One request's two encode calls batch together (each model's tower on its image) after
@@ -276,6 +305,7 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
               "grid": grid, "app": url, "wall_s": round(time.time() - started, 1)}
     return {"kind": PROFILE_KIND, "version": 1, "source": source, "router": {"ms": router_ms},
             **measured, **({"workload": workload, "calls": calls} if workload else {}),
+            **({"served": {"step_overhead_ms": served}} if served else {}),
             **({"cpu_ms_per_request": cpu} if len(cpu) > 1 else {}),
             **({"cpu_ms_per_request_busy": {"concurrency": BUSY_CONCURRENCY, "ms": busy}} if len(busy) > 1 else {})}
 
@@ -285,10 +315,12 @@ def print_profile(p: dict) -> None:
         f"; {k} call overhead {v:.2f} ms" for k, v in p.get("calls", {}).items()))
     for role, pts in p["vision"].items():
         print(f"vision {role:<5}: " + "  ".join(f"{q['images']}img={q['ms']:.1f}ms" for q in pts))
+    served = p.get("served", {}).get("step_overhead_ms", {})
     for role, g in p["generators"].items():
         print(f"prefill {role:<5}: " + "  ".join(f"b{q['batch']}x{q['prompt_tokens']}tok={q['ms']:.1f}ms"
                                                 for q in g["prefill"]))
-        print(f"step {role:<5}   : " + "  ".join(f"b{q['batch']}={q['ms']:.2f}ms" for q in g["step"]))
+        print(f"step {role:<5}   : " + "  ".join(f"b{q['batch']}={q['ms']:.2f}ms" for q in g["step"])
+              + (f"  (served: +{served[role]:.2f} ms a step)" if role in served else ""))
     if p.get("cpu_ms_per_request"):
         cpu = p["cpu_ms_per_request"]
         print(f"CPU per request (all the app's processes): {sum(cpu.values()):.1f} ms = " + ", ".join(

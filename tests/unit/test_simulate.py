@@ -343,3 +343,60 @@ def test_the_check_compares_a_loads_cpu_with_the_profiles_for_as_many_in_flight(
     assert p.cpu_ms_at(1) == 200.0 and p.cpu_ms_at(8) == 130.0 and p.cpu_ms_at(16) == 130.0
     assert p.cpu_ms_at(4.5) == pytest.approx(200.0 - 70.0 * 3.5 / 7)
     assert profile().cpu_ms_at(4) is None  # no CPU measured (a GPU profile)
+
+
+def test_a_served_step_overhead_is_added_to_every_decode_step():
+    """A served decode loop spends more a step than the engine alone (the replica's event loop and
+    its stream share the process): a profile that measured it charges it at every batch size."""
+    base = profile_dict()
+    served = Profile.from_dict({**base, "served": {"step_overhead_ms": {"small": 1.0, "large": 0.5}}})
+    assert served.step["small"](1) == 3.0 and served.step["small"](8) == 5.0 and served.step["large"](8) == 8.5
+    assert served.scaled({"small": 1.0}).step_overhead_ms == {"small": 1.0, "large": 0.5}
+    # One agreeing request alone: the large direct answer (3 steps) sets the pace, 1.5 ms later.
+    agree = simulate(served, Workload.mutual(0.0, AGREE), {}, settings(), concurrency=1, duration_s=20)
+    assert agree["p50_ms"] == pytest.approx(1 + 8 + 22 + 3 * 0.5, abs=1e-6)
+
+
+def test_the_served_step_overhead_is_measured_against_the_engine_curves():
+    from benchmarks.stage_profile import served_step_overhead
+
+    gens = profile_dict()["generators"]  # small: prefill 5 ms for 10 tokens, step 2 ms at one row
+    decodes = [("small", 10, 20, 5 + 20 * 3.0), ("small", 10, 2, 5 + 2 * 2.0),  # 20 ms over 22 steps
+               ("large", 10, 3, 10 + 3 * 4.0 - 1.0)]  # faster than the curves: never below zero
+    assert served_step_overhead(decodes, gens) == {"small": round(20 / 22, 3), "large": 0.0}
+    assert served_step_overhead([], gens) == {}
+
+
+def test_the_check_reads_the_hypervisors_share_of_the_cores():
+    """A load that ran while the hypervisor gave 13 % of the time to other guests had 1.74 of the
+    machine's 2 cores: the check measures that share (Linux's steal), guest time counted once."""
+    from collections import namedtuple
+
+    from benchmarks.sim_check import steal_share
+
+    Times = namedtuple("Times", "user nice system idle iowait irq softirq steal guest guest_nice")
+    start = Times(100, 0, 10, 50, 0, 0, 0, 5, 40, 0)
+    end = Times(170, 0, 20, 57, 0, 0, 0, 18, 90, 0)  # 100 s of CPU time, 13 stolen; guest inside user
+    assert steal_share(start, end) == 0.13
+    assert steal_share(start, start) is None
+    assert steal_share(namedtuple("T", "user idle")(1, 1), namedtuple("T", "user idle")(2, 2)) is None
+
+
+def test_the_check_simulates_each_load_on_the_cores_the_hypervisor_left_it():
+    """A saved run (benchmarks/runs/) re-simulated: the same load measured with 30 % of the CPU time
+    stolen runs on 1.4 of the 2 cores, and the simulated app completes less."""
+    import copy
+    import json
+
+    from benchmarks.sim_check import compare
+
+    run = ROOT / "benchmarks" / "runs" / "sim-check-2026-12-03" / "run31"
+    profile = json.loads((run / "profile.json").read_text())
+    saved = json.loads((run / "sim_check.json").read_text())
+    c16 = next({k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"] if pt["load"] == 16)
+    quiet, stolen = copy.deepcopy(c16), copy.deepcopy(c16)
+    quiet["measured"]["steal"], stolen["measured"]["steal"] = 0.0, 0.3
+    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    rows = compare(profile, [quiet, stolen], cfg, 20.0, 2, 0.25)
+    assert [r["host_cores"] for r in rows] == [2, 1.4]
+    assert rows[1]["simulated"]["throughput_rps"] < rows[0]["simulated"]["throughput_rps"] * 0.85
