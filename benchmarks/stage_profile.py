@@ -289,7 +289,7 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
         served = served_step_overhead(decodes, measured["generators"])
         # The busy figure sets the simulated capacity: over 60 requests (8 clients of 7-8 each) the
         # start and the stragglers, with fewer in flight, weigh a fifth, and a few seconds of a
-        # neighbour's load moved it 0.69-0.97x of the alone figure between runs (2026-12-03).
+        # neighbour's load moved it 0.63-0.97x of the alone figure between runs (2026-12-03).
         busy = measure_cpu_busy(url, busy_requests or app_requests, BUSY_CONCURRENCY)
         calls = {"generate": round(max(0.0, medians.get("generate", 0.0)), 3)}
         if "encode" in medians:
