@@ -279,10 +279,10 @@ def main(argv=None) -> int:
         processes = app_processes()
 
         def with_cpu(load_coro) -> dict:
-            before, steal = cpu_seconds(processes), Steal()
+            before, stolen = cpu_seconds(processes), Steal()
             m = asyncio.run(load_coro)
             after = cpu_seconds(processes)
-            m["steal"] = steal.share()
+            m["steal"] = stolen.share()
             m["cpu_ms_per_request"] = round(sum(after[k] - before[k] for k in before) / max(1, m["answered"]) * 1000, 1)
             return m
 

@@ -85,6 +85,14 @@ class Curve:
         return max(self.floor, y)
 
 
+def generator_curves(gen: dict, step_overhead_ms: float = 0.0) -> tuple[Curve, Curve]:
+    """A generator's (prefill, step) curves from a profile's `generators.<role>` entry: a join's
+    prefill by the joining rows' total prompt tokens, a step by the rows running (plus what a served
+    step costs beyond the engine's, if given)."""
+    return (Curve([(p["batch"] * p["prompt_tokens"], p["ms"]) for p in gen["prefill"]]),
+            Curve([(p["batch"], p["ms"] + step_overhead_ms) for p in gen["step"]]))
+
+
 def by_in_flight(alone: float, busy: float, count: int, in_flight: float) -> float:
     """A per-request cost measured with one request in flight (`alone`) and with `count` (`busy`), at
     `in_flight`: linear between the two counts, flat beyond them."""
@@ -124,11 +132,10 @@ class Profile:
             raise ValueError(f"not a stage profile (kind {d.get('kind')!r}, expected {PROFILE_KIND!r})")
         gens = d["generators"]
         served = {r: float(v) for r, v in d.get("served", {}).get("step_overhead_ms", {}).items()}
+        curves = {r: generator_curves(gens[r], served.get(r, 0.0)) for r in ROLES}
         return cls(router_ms=float(d["router"]["ms"]),
                    vision={r: Curve([(p["images"], p["ms"]) for p in d["vision"][r]]) for r in ROLES},
-                   prefill={r: Curve([(p["batch"] * p["prompt_tokens"], p["ms"]) for p in gens[r]["prefill"]])
-                            for r in ROLES},
-                   step={r: Curve([(p["batch"], p["ms"] + served.get(r, 0.0)) for p in gens[r]["step"]]) for r in ROLES},
+                   prefill={r: curves[r][0] for r in ROLES}, step={r: curves[r][1] for r in ROLES},
                    step_overhead_ms=served,
                    workload=d.get("workload", {}), source=d.get("source", {}),
                    call_ms={"encode": 0.0, "generate": 0.0, **d.get("calls", {})},

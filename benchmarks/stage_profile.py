@@ -227,16 +227,16 @@ def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dic
 
 def served_step_overhead(decodes: list[tuple[str, int, int, float]], generators: dict) -> dict[str, float]:
     """Per role, what a served decode step costs beyond the engine's own step, ms: the served rows'
-    decode time (prefill and steps, one request at a time) less the engine curves' prediction for the
-    same prompts and steps, per step. The served loop shares its process with the replica's event
-    loop, which handles every token's stream message under the same GIL (2026-12-03: the small
-    model's reasoning decoded at 2.3 ms a step served, 1.2 ms in the engine alone)."""
-    from benchmarks.simulate import Curve
+    decode time (prefill and steps, one request at a time) less what the simulator predicts for the
+    same prompts and steps from the engine curves, per step. The served loop shares its process with
+    the replica's event loop, which handles every token's stream message under the same GIL
+    (2026-12-03: the small model's reasoning decoded at 2.3 ms a step served, 1.2 ms alone)."""
+    from benchmarks.simulate import generator_curves
 
     out = {}
     for role, g in generators.items():
-        prefill = Curve([(q["prompt_tokens"], q["ms"]) for q in g["prefill"] if q["batch"] == 1])
-        step1 = Curve([(q["batch"], q["ms"]) for q in g["step"]])(1)
+        prefill, step = generator_curves(g)
+        step1 = step(1)
         rows = [(p, k, ms) for r, p, k, ms in decodes if r == role]
         steps = sum(k for _, k, _ in rows)
         if steps:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from benchmarks.plan import Planner, admission_limit, gpus, lower_bound, overlay
-from benchmarks.simulate import (PROFILE_KIND, ROOT, Curve, PoolSettings, Profile, Workload, parse_replicas,
+from benchmarks.simulate import (PROFILE_KIND, ROOT, Call, Curve, PoolSettings, Profile, Workload, parse_replicas,
                                  settings_from_config, simulate)
 
 
@@ -365,6 +365,13 @@ def test_the_served_step_overhead_is_measured_against_the_engine_curves():
                ("large", 10, 3, 10 + 3 * 4.0 - 1.0)]  # faster than the curves: never below zero
     assert served_step_overhead(decodes, gens) == {"small": round(20 / 22, 3), "large": 0.0}
     assert served_step_overhead([], gens) == {}
+    # Measured against the simulator's own prediction: a long prompt's prefill is read off the same
+    # curve (by total prompt tokens) the simulator will charge, so a row that decodes exactly as
+    # predicted leaves no overhead to add twice.
+    sloped = profile_dict(prefill=(5.0, 40.0))
+    predicted = Workload.call_ms(Profile.from_dict(sloped), Call("generate", "small", 45, 3))
+    assert predicted == pytest.approx(22.5 + 3 * 2.0)
+    assert served_step_overhead([("small", 45, 3, predicted)], sloped["generators"]) == {"small": 0.0}
 
 
 def test_the_check_reads_the_hypervisors_share_of_the_cores():
