@@ -40,6 +40,23 @@ def cpu_seconds(processes: dict) -> dict[str, float]:
     return {k: sum(p.cpu_times()[:2]) for k, p in processes.items()}
 
 
+def machine_busy_s() -> float:
+    """Every core's busy CPU seconds since boot, all processes together (not idle, waiting on I/O or
+    stolen; guest time is inside user time)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(getattr(t, f) for f in t._fields if f not in ("idle", "iowait", "steal", "guest", "guest_nice"))
+
+
+def others_cores(machine_before: float, machine_after: float, app_before: dict[str, float],
+                 app_after: dict[str, float], wall_s: float) -> float:
+    """The cores the machine's other processes kept busy between two readings: its busy CPU less
+    the app's processes' (on a local Ray cluster: the raylet, the GCS, the dashboard and its agents)."""
+    app = sum(app_after[k] - app_before[k] for k in app_before)
+    return round(max(0.0, (machine_after - machine_before - app) / wall_s), 3) if wall_s > 0 else 0.0
+
+
 def ms_per_request(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
     """Each process's CPU ms per request between two `cpu_seconds` readings over n requests."""
     return {k: round((after[k] - before[k]) / n * 1000, 2) for k in before}

@@ -14,12 +14,13 @@ then:
 3. the simulator on the same loads (the open loop replaying the send times the app got) — with the
    items' own workload (the paths and stage sizes the concurrency-1 loop's answers reported) — fed by
    that profile and the same config, with the replicas sharing the machine's cores (`--host-cores`,
-   default: all of them, less the share the hypervisor gave other guests during that load);
+   default: all of them, less the share the hypervisor gave other guests during that load, less the
+   cores Ray's own processes kept busy while the profile loaded the app);
 4. a table: measured vs simulated throughput and p50, and whether each is within `--tolerance`;
    beside them the app's CPU per answered request over each load against the profile's figure for
    as many in flight (the loads of a run that ran at one speed sit together), and the share of the
    machine's CPU time the hypervisor gave to other guests over each load (`steal`; the profile's in
-   its `source`).
+   its `source`), and the cores the machine's other processes kept busy over it (`others`).
 Writes results/sim-check-*/{sim_check.json,profile.json} and ends with one JSON line.
 """
 
@@ -37,7 +38,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.client import ROOT, LocalApps, item_body, poisson_sends
-from benchmarks.cpu_per_request import app_processes, cpu_seconds
+from benchmarks.cpu_per_request import app_processes, cpu_seconds, machine_busy_s, others_cores
 from benchmarks.grid import grid_items
 from benchmarks.metrics import percentile
 from benchmarks.simulate import Profile, Workload, settings_from_config, simulate
@@ -178,9 +179,11 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
         # so a longer simulated run reports the longer queue of a later moment.
         # The cores the app had during this load: what the hypervisor gave other guests was not
         # there to run on (a machine's measured capacity, like its core count; not the app's figures).
+        # Of those, the app's threads share what Ray's own processes left (the profile's figure).
         cores = host_cores * (1 - (pt["measured"].get("steal") or 0.0))
         s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=cores, **kw)
         pt["host_cores"] = round(cores, 3)
+        pt["app_cores"] = round(max(0.5, cores - profile.others_cores), 3)
         pt["simulated"] = {k: s[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "rejection_rate", "pools")}
         m = pt["measured"]
         pt["throughput_error"], t_ok = within(m["throughput_rps"], s["throughput_rps"], tolerance)
@@ -196,14 +199,15 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
 
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'load':<16} {'xfer':>5} {'meas rps':>9} {'sim rps':>8} {'err':>7} {'meas p50':>9} {'sim p50':>8} {'err':>7}"
-          f"  ok   cpu/req vs profile  steal")
+          f"  ok   cpu/req vs profile  steal  others")
     for pt in rows:
         m, s = pt["measured"], pt["simulated"]
         label = f"closed c={pt['load']}" if pt["kind"] == "closed" else f"open {m['offered_rps']:.1f}/s"
         print(f"{label:<16} {m['workload']['transfer_rate']:>5.0%} {m['throughput_rps']:>9.2f} {s['throughput_rps']:>8.2f} "
               f"{pt['throughput_error']:>+7.1%} {m['p50_ms']:>9.1f} {s['p50_ms']:>8.1f} {pt['p50_error']:>+7.1%}  "
               f"{'yes' if pt['within'] else 'NO ':<3}  {m['cpu_ms_per_request']:.0f} ms "
-              f"({pt['cpu_vs_profile'] or float('nan'):.2f}x)  {_pct(m.get('steal'))}")
+              f"({pt['cpu_vs_profile'] or float('nan'):.2f}x)  {_pct(m.get('steal')):>5}  "
+              + (f"{m['others_cores']:.2f}" if m.get("others_cores") is not None else "–"))
 
 
 def summary_line(rows: list[dict], profile_dict: dict, tolerance: float, **extra) -> str:
@@ -217,20 +221,29 @@ def summary_line(rows: list[dict], profile_dict: dict, tolerance: float, **extra
                                    "simulated_rps": r["simulated"]["throughput_rps"],
                                    "measured_p50_ms": r["measured"]["p50_ms"], "simulated_p50_ms": r["simulated"]["p50_ms"],
                                    "cpu_vs_profile": r["cpu_vs_profile"], "steal": r["measured"].get("steal"),
+                                   "others_cores": r["measured"].get("others_cores"), "app_cores": r.get("app_cores"),
                                    "within": r["within"]} for r in rows],
-                       "profile_steal": profile_dict["source"].get("steal")})
+                       "profile_steal": profile_dict["source"].get("steal"),
+                       "profile_others_cores": profile_dict.get("cpu_ms_per_request_busy", {}).get("others_cores")})
 
 
-def resimulate(run_dir: Path, duration: float, tolerance: float) -> int:
+def resimulate(run_dir: Path, duration: float, tolerance: float, others_cores: float | None = None) -> int:
     """A saved run's measured loads simulated again from its saved profile, by this code: a change to
-    the model is judged on the runs already measured, the app's figures fixed."""
+    the model is judged on the runs already measured, the app's figures fixed. `others_cores`: for a
+    profile measured before it recorded what Ray's own processes kept busy, a figure to assume."""
     profile_dict = json.loads((run_dir / "profile.json").read_text())
+    busy = profile_dict.get("cpu_ms_per_request_busy")
+    assumed = others_cores is not None and busy is not None and "others_cores" not in busy
+    if assumed:
+        busy["others_cores"] = others_cores
+        print(f"assumed: the machine's other processes kept {others_cores} cores busy (not in this profile)")
     saved = json.loads((run_dir / "sim_check.json").read_text())
     points = [{k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"]]
     rows = compare(profile_dict, points, settings_from_config(ROOT / "serve_config.yaml"), duration,
                    saved["host_cores"], tolerance)
     print_table(rows)
-    print(summary_line(rows, profile_dict, tolerance, resimulated=str(run_dir)))
+    print(summary_line(rows, profile_dict, tolerance, resimulated=str(run_dir),
+                       **({"assumed_others_cores": others_cores} if assumed else {})))
     return 0
 
 
@@ -250,9 +263,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "results"))
     p.add_argument("--resimulate", metavar="DIR", type=Path,
                    help="no app: simulate a saved run's loads (DIR: results/sim-check-*) again with this code")
+    p.add_argument("--others-cores", type=float,
+                   help="with --resimulate, for a profile without it: the cores Ray's own processes kept busy")
     args = p.parse_args(argv)
     if args.resimulate:
-        return resimulate(args.resimulate, 20.0 if args.quick else args.duration_s, args.tolerance)
+        return resimulate(args.resimulate, 20.0 if args.quick else args.duration_s, args.tolerance, args.others_cores)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -279,10 +294,11 @@ def main(argv=None) -> int:
         processes = app_processes()
 
         def with_cpu(load_coro) -> dict:
-            before, stolen = cpu_seconds(processes), Steal()
+            before, stolen, machine, start = cpu_seconds(processes), Steal(), machine_busy_s(), time.perf_counter()
             m = asyncio.run(load_coro)
             after = cpu_seconds(processes)
             m["steal"] = stolen.share()
+            m["others_cores"] = others_cores(machine, machine_busy_s(), before, after, time.perf_counter() - start)
             m["cpu_ms_per_request"] = round(sum(after[k] - before[k] for k in before) / max(1, m["answered"]) * 1000, 1)
             return m
 

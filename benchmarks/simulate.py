@@ -61,6 +61,10 @@ PROFILE_KIND = "tandem-stage-profile"
 POOLS = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
 GENERATORS = {"small": "SmallReasoner", "large": "LargeAnswerer"}
 ROLES = ("small", "large")
+# With shared cores: the threads a request's work outside the model loops runs on (its call
+# overheads, the Router's share, the rest of its measured CPU) — the client's, the proxy's and the
+# Router's event loops, each one thread however many requests are due on it.
+OVERHEAD_THREADS = 3
 
 
 # --- the profile ------------------------------------------------------------------------------------
@@ -125,6 +129,9 @@ class Profile:
     # stream messages share the decode loop's process), ms per role; folded into `step` at every
     # batch size, as one loop iteration's cost.
     step_overhead_ms: dict = field(default_factory=dict)
+    # The cores the machine's other processes (Ray's daemons) kept busy while the app was loaded:
+    # with shared cores, not there for the app's threads.
+    others_cores: float = 0.0
 
     @classmethod
     def from_dict(cls, d: dict) -> Profile:
@@ -142,7 +149,8 @@ class Profile:
                    cpu_ms_per_request=float(sum(d.get("cpu_ms_per_request", {}).values())),
                    cpu_busy=(int(d["cpu_ms_per_request_busy"]["concurrency"]),
                              float(sum(d["cpu_ms_per_request_busy"]["ms"].values())))
-                   if d.get("cpu_ms_per_request_busy") else None)
+                   if d.get("cpu_ms_per_request_busy") else None,
+                   others_cores=float(d.get("cpu_ms_per_request_busy", {}).get("others_cores", 0.0)))
 
     def cpu_ms_at(self, in_flight: float) -> float | None:
         """The app's CPU per request with `in_flight` requests at once, as the simulator charges it;
@@ -167,7 +175,7 @@ class Profile:
                        workload=self.workload, source={**self.source, "scaled": factors},
                        call_ms={k: v * factors.get("router", 1.0) for k, v in self.call_ms.items()},
                        cpu_ms_per_request=self.cpu_ms_per_request, cpu_busy=self.cpu_busy,
-                       step_overhead_ms=self.step_overhead_ms)
+                       step_overhead_ms=self.step_overhead_ms, others_cores=self.others_cores)
 
 
 # --- the workload -----------------------------------------------------------------------------------
@@ -356,10 +364,13 @@ class Simulation:
 
     def __init__(self, profile: Profile, workload: Workload, replicas: dict[str, int],
                  settings: dict[str, PoolSettings], *, host_cores: float | None = None, seed: int = 0):
-        self.profile, self.workload, self.host_cores = profile, workload, host_cores
+        self.profile, self.workload = profile, workload
+        # The cores the app's threads share: the host's, less what its other processes kept busy.
+        self.host_cores = max(0.5, host_cores - profile.others_cores) if host_cores else host_cores
         self.rng = random.Random(seed)
         self.env = simpy.Environment()
-        self.computing = 0
+        self.computing = 0  # model loops computing now, and measured CPU no stage accounts for
+        self.overhead = 0   # call overheads and the Router's work running now, on the event loops' threads
         n_routers = replicas.get("Router", 1)
         self.pools = {}
         for name in POOLS:
@@ -398,7 +409,7 @@ class Simulation:
         req.in_flight = True
         extra = self._unaccounted_at(self.in_flight)
         if extra:  # the rest of the request's measured CPU, beside its critical path
-            self._cpu_while(0.0, extra * self._slowdown(1), lambda: None)
+            self._cpu_while(0.0, extra * self._slowdown(1), lambda: None, threaded=False)
 
     def _unaccounted_cpu_s(self) -> tuple[float, float, int]:
         """With shared cores and a measured CPU per request: that CPU less what the simulation charges
@@ -424,7 +435,7 @@ class Simulation:
         now = self.env.now
         if pool.name == "Router":  # job is the request itself: the Router's CPU, one request at a time
             start = max(now, replica.busy_until)
-            seconds = self.profile.router_ms / 1000 * self._slowdown(1)
+            seconds = self.profile.router_ms / 1000 * self._overhead_slowdown(serial=True)
             replica.busy_until = start + seconds
             replica.compute_s += seconds
             pool.queue_s.append(start - job.arrived)
@@ -450,7 +461,7 @@ class Simulation:
                 req.pending += 1
                 overhead = self.profile.call_ms["encode" if call.kind == "vision" else "generate"] / 1000
                 if overhead:  # the call's RPC and feature fetch come before the replica sees it
-                    self._cpu_while(0.0, overhead * self._slowdown(1), lambda c=call: self._submit(req, c))
+                    self._cpu_while(0.0, overhead * self._overhead_slowdown(), lambda c=call: self._submit(req, c))
                 elif not self._submit(req, call):
                     return
 
@@ -463,19 +474,37 @@ class Simulation:
             return False
         return True
 
-    def _slowdown(self, extra: int = 0) -> float:
-        """How much slower work runs now that `extra` more activities compute on the shared cores."""
-        return max(1.0, (self.computing + extra) / self.host_cores) if self.host_cores else 1.0
+    def _threads(self, overhead: int) -> int:
+        """The threads on the shared cores: one per computing model loop, and the overhead
+        activities' threads — at most OVERHEAD_THREADS however many requests' overheads are due."""
+        return self.computing + min(overhead, OVERHEAD_THREADS)
 
-    def _cpu_while(self, delay_s: float, seconds: float, then) -> None:
-        """`then()` after `delay_s` of waiting and `seconds` of CPU, counted among the computing
-        activities (the shared cores' load) while it runs."""
+    def _slowdown(self, extra: int = 0) -> float:
+        """How much slower work counted in `computing` runs now (a model loop's, already counted;
+        `extra` more not yet)."""
+        return max(1.0, (self._threads(self.overhead) + extra) / self.host_cores) if self.host_cores else 1.0
+
+    def _overhead_slowdown(self, serial: bool = False) -> float:
+        """How much slower one more overhead activity runs now: its thread's share of the cores,
+        and (unless it is already serialised, as the Router's is) its share of that thread."""
+        if not self.host_cores:
+            return 1.0
+        n = self.overhead + 1
+        threads = min(n, OVERHEAD_THREADS)
+        return max(1.0, self._threads(n) / self.host_cores) * (1.0 if serial else n / threads)
+
+    def _cpu_while(self, delay_s: float, seconds: float, then, threaded: bool = True) -> None:
+        """`then()` after `delay_s` of waiting and `seconds` of CPU, counted while it runs among the
+        overhead activities on the event loops' threads (`threaded`) or, work that no one thread
+        carries, as one more activity of its own."""
+        attr = "overhead" if threaded else "computing"
+
         def start(_e=None):
-            self.computing += 1
+            setattr(self, attr, getattr(self, attr) + 1)
             self.env.timeout(seconds).callbacks.append(finish)
 
         def finish(_e):
-            self.computing -= 1
+            setattr(self, attr, getattr(self, attr) - 1)
             then()
         if delay_s > 0:
             self.env.timeout(delay_s).callbacks.append(start)

@@ -23,7 +23,8 @@ less the curves' prediction, per step), and `workload`: `tandem:mutual` on held-
 items — the transfer share and each stage's prompt tokens and decode steps, as the trace reports them —
 and, when the app runs on this machine, `cpu_ms_per_request`: every one of its processes' CPU time
 per request over those requests (benchmarks/cpu_per_request.py), and `cpu_ms_per_request_busy`: the
-same with 8 requests in flight. Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
+same with 8 requests in flight, with the cores the machine's other processes (Ray's own daemons)
+kept busy meanwhile (`others_cores`: on shared cores, not there for the app). Without `--url`, `router.ms` is `--router-ms` and the workload is left to the simulator's flags.
 
 The same JSON comes from a GPU (`--device cuda` with a config naming real-size models, e.g.
 `random:qwen3-vl-8b`), so a GPU run gives a GPU profile. Where no GPU is at hand, `--estimate L40S`
@@ -245,16 +246,17 @@ def served_step_overhead(decodes: list[tuple[str, int, int, float]], generators:
     return out
 
 
-def measure_cpu_busy(url: str, n: int, concurrency: int, seed: int = 0) -> dict[str, float]:
+def measure_cpu_busy(url: str, n: int, concurrency: int, seed: int = 0) -> tuple[dict[str, float], float]:
     """Every app process's CPU ms per request with `concurrency` requests in flight (other held-out
     items, so the feature cache stays cold): batching and the processes' per-iteration loops spread
-    part of what one request alone costs over the requests in flight."""
+    part of what one request alone costs over the requests in flight. And the cores the machine's
+    other processes kept busy meanwhile (Ray's own: on shared cores, not there for the app)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
     from benchmarks.client import item_body
-    from benchmarks.cpu_per_request import app_processes, cpu_seconds, ms_per_request
+    from benchmarks.cpu_per_request import app_processes, cpu_seconds, machine_busy_s, ms_per_request, others_cores
     from benchmarks.grid import grid_items
 
     bodies = [item_body(item) for item in grid_items(n, seed=seed + 8)]
@@ -265,10 +267,12 @@ def measure_cpu_busy(url: str, n: int, concurrency: int, seed: int = 0) -> dict[
             for body in part:
                 http.post(f"{url}/v1/chat/completions", json=body).raise_for_status()
 
-    cpu_before = cpu_seconds(processes)
+    cpu_before, machine_before, start = cpu_seconds(processes), machine_busy_s(), time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(client, [bodies[i::concurrency] for i in range(concurrency)]))
-    return ms_per_request(cpu_before, cpu_seconds(processes), n)
+    cpu_after, machine_after = cpu_seconds(processes), machine_busy_s()
+    others = others_cores(machine_before, machine_after, cpu_before, cpu_after, time.perf_counter() - start)
+    return ms_per_request(cpu_before, cpu_after, n), others
 
 
 BUSY_CONCURRENCY = 8
@@ -283,14 +287,14 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
     item = grid_items(1, seed=0)[0]
     started = time.time()
     measured = profile_engines(config, grid, item.image, item.prompt(), bar)
-    workload, calls, cpu, busy, served = {}, {}, {}, {}, {}
+    workload, calls, cpu, busy, served, others = {}, {}, {}, {}, {}, 0.0
     if url:
         router_ms, workload, medians, cpu, decodes = measure_app(url, app_requests)
         served = served_step_overhead(decodes, measured["generators"])
         # The busy figure sets the simulated capacity: over 60 requests (8 clients of 7-8 each) the
         # start and the stragglers, with fewer in flight, weigh a fifth, and a few seconds of a
         # neighbour's load moved it 0.63-0.97x of the alone figure between runs (2026-12-03).
-        busy = measure_cpu_busy(url, busy_requests or app_requests, BUSY_CONCURRENCY)
+        busy, others = measure_cpu_busy(url, busy_requests or app_requests, BUSY_CONCURRENCY)
         calls = {"generate": round(max(0.0, medians.get("generate", 0.0)), 3)}
         if "encode" in medians:
             # One request's two encode calls batch together (each model's tower on its image) after
@@ -307,7 +311,8 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
             **measured, **({"workload": workload, "calls": calls} if workload else {}),
             **({"served": {"step_overhead_ms": served}} if served else {}),
             **({"cpu_ms_per_request": cpu} if len(cpu) > 1 else {}),
-            **({"cpu_ms_per_request_busy": {"concurrency": BUSY_CONCURRENCY, "ms": busy}} if len(busy) > 1 else {})}
+            **({"cpu_ms_per_request_busy": {"concurrency": BUSY_CONCURRENCY, "ms": busy, "others_cores": others}}
+               if len(busy) > 1 else {})}
 
 
 def print_profile(p: dict) -> None:
@@ -328,7 +333,8 @@ def print_profile(p: dict) -> None:
     if p.get("cpu_ms_per_request_busy"):
         busy = p["cpu_ms_per_request_busy"]
         print(f"CPU per request with {busy['concurrency']} in flight: {sum(busy['ms'].values()):.1f} ms = " + ", ".join(
-            f"{k} {v:.1f}" for k, v in sorted(busy["ms"].items(), key=lambda kv: -kv[1])))
+            f"{k} {v:.1f}" for k, v in sorted(busy["ms"].items(), key=lambda kv: -kv[1]))
+              + (f"; the machine's other processes meanwhile: {busy['others_cores']:.2f} cores" if "others_cores" in busy else ""))
     if p.get("workload"):
         w = p["workload"]
         print(f"workload: mutual, transfer {w['transfer_rate']:.1%} of {w.get('requests', 'assumed')}; " + "; ".join(

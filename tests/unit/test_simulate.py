@@ -407,3 +407,57 @@ def test_the_check_simulates_each_load_on_the_cores_the_hypervisor_left_it():
     rows = compare(profile, [quiet, stolen], cfg, 20.0, 2, 0.25)
     assert [r["host_cores"] for r in rows] == [2, 1.4]
     assert rows[1]["simulated"]["throughput_rps"] < rows[0]["simulated"]["throughput_rps"] * 0.85
+
+
+def test_the_check_counts_the_cores_the_machines_other_processes_kept_busy():
+    """The machine's busy CPU less the app's processes' over a span, per second: Ray's own daemons,
+    which the app's threads cannot use. Never below zero (the readings are not taken at one instant)."""
+    from benchmarks.cpu_per_request import others_cores
+
+    app_before, app_after = {"Router": 10.0, "proxy": 5.0}, {"Router": 22.0, "proxy": 8.0}  # 15 s of the app's
+    assert others_cores(100.0, 118.0, app_before, app_after, 10.0) == 0.3  # 18 s busy over 10 s
+    assert others_cores(100.0, 110.0, app_before, app_after, 10.0) == 0.0
+    assert others_cores(100.0, 118.0, app_before, app_after, 0.0) == 0.0
+
+
+def test_the_app_shares_the_cores_its_profile_found_ray_did_not_keep_busy():
+    """A profile that measured 0.6 cores of Ray's own processes leaves the app's threads 1.4 of 2: the
+    same load simulated from it completes less than from the same profile without the figure."""
+    import copy
+    import json
+
+    from benchmarks.sim_check import compare
+
+    run = ROOT / "benchmarks" / "runs" / "sim-check-2026-12-03" / "run34"
+    bare = json.loads((run / "profile.json").read_text())
+    busy = copy.deepcopy(bare)
+    busy["cpu_ms_per_request_busy"]["others_cores"] = 0.6
+    assert Profile.from_dict(busy).others_cores == 0.6 and Profile.from_dict(bare).others_cores == 0.0
+    saved = json.loads((run / "sim_check.json").read_text())
+    c16 = next({k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"] if pt["load"] == 16)
+    c16["measured"]["steal"] = 0.0
+    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    [alone] = compare(bare, [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
+    [shared] = compare(busy, [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
+    assert (alone["app_cores"], shared["app_cores"]) == (2, 1.4)
+    assert shared["simulated"]["throughput_rps"] < alone["simulated"]["throughput_rps"] * 0.85
+
+
+def test_requests_overheads_share_a_few_threads_however_many_are_due():
+    """With shared cores, a request's work outside the model loops runs on the client's, the proxy's
+    and the Router's event loops: 12 requests' overheads due at once take those 3 threads, so a model
+    loop beside them gets its share of 2 cores among 4 threads (slowed 2x, not 6.5x as among 13
+    activities), and one more overhead runs at its thread's share of that, 13 to 3 threads."""
+    from benchmarks.simulate import OVERHEAD_THREADS, Simulation
+
+    assert OVERHEAD_THREADS == 3
+    sim = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), host_cores=2)
+    sim.computing, sim.overhead = 1, 12
+    assert sim._slowdown() == 2.0
+    assert sim._overhead_slowdown() == pytest.approx(2.0 * 13 / 3)
+    assert sim._overhead_slowdown(serial=True) == 2.0  # the Router's: already one at a time
+    sim.overhead = 0  # alone, nothing is slowed on 2 cores
+    assert sim._slowdown() == 1.0 and sim._overhead_slowdown() == 1.0
+    own = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings())
+    own.computing, own.overhead = 5, 40  # own devices: nothing shares
+    assert own._slowdown() == 1.0 and own._overhead_slowdown() == 1.0
