@@ -22,8 +22,12 @@ What is modelled, as the app does it (DESIGN §13):
   steps. Open-loop Poisson arrivals at any rate, a replay of measured send times, or a closed loop
   of N clients (the last two to check against a load test).
 
-`--host-cores N` models replicas that share N CPU cores (the local CPU app): a batch, a step, a call's
-overhead or a Router's work that starts while k activities compute runs max(1, k / N) times slower.
+`--host-cores N` models replicas that share N CPU cores (the local CPU app), less the cores the
+profile found the machine's other processes (Ray's daemons) kept busy (`others_cores`): work that
+starts while k threads compute runs max(1, k / N) times slower. A model loop is one thread; the
+calls' overheads and the Router's work run on the event loops' threads (the client's, the proxy's,
+the Router's: `OVERHEAD_THREADS`), which the due overheads share — twelve at once are three threads
+on the cores, each overhead at a quarter of its thread.
 A profile measured on a served app also carries each stage call's overhead beyond the model's work
 (`calls`: the handle's RPC, the features' fetch, the stream), added before the call reaches its pool,
 what its decode loop spends a step beyond the engine's (`served.step_overhead_ms`, added to every
@@ -61,9 +65,9 @@ PROFILE_KIND = "tandem-stage-profile"
 POOLS = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
 GENERATORS = {"small": "SmallReasoner", "large": "LargeAnswerer"}
 ROLES = ("small", "large")
-# With shared cores: the threads a request's work outside the model loops runs on (its call
-# overheads, the Router's share, the rest of its measured CPU) — the client's, the proxy's and the
-# Router's event loops, each one thread however many requests are due on it.
+# With shared cores: the threads a request's calls' overheads and the Router's work run on — the
+# client's, the proxy's and the Router's event loops, each one thread however many requests are due
+# on it (measured CPU that no stage accounts for runs beside the request as an activity of its own).
 OVERHEAD_THREADS = 3
 
 
