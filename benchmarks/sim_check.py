@@ -41,7 +41,7 @@ from benchmarks.client import ROOT, LocalApps, item_body, poisson_sends
 from benchmarks.cpu_per_request import app_processes, cpu_seconds, machine_busy_s, others_cores
 from benchmarks.grid import grid_items
 from benchmarks.metrics import percentile
-from benchmarks.simulate import Profile, Workload, settings_from_config, simulate
+from benchmarks.simulate import Profile, Workload, app_cores, settings_from_config, simulate
 from benchmarks.stage_profile import Traces
 
 
@@ -183,7 +183,7 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
         cores = host_cores * (1 - (pt["measured"].get("steal") or 0.0))
         s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=cores, **kw)
         pt["host_cores"] = round(cores, 3)
-        pt["app_cores"] = round(max(0.5, cores - profile.others_cores), 3)
+        pt["app_cores"] = round(app_cores(cores, profile), 3)
         pt["simulated"] = {k: s[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "rejection_rate", "pools")}
         m = pt["measured"]
         pt["throughput_error"], t_ok = within(m["throughput_rps"], s["throughput_rps"], tolerance)

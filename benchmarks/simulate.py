@@ -363,14 +363,18 @@ class _Pool:
             self.assign(self.waiting.popleft(), replica)
 
 
+def app_cores(host_cores: float, profile: Profile) -> float:
+    """The cores the app's threads share: the host's, less what its other processes kept busy."""
+    return max(0.5, host_cores - profile.others_cores)
+
+
 class Simulation:
     """One run: `Simulation(profile, workload, replicas, settings).run(rate=R, duration_s=D)`."""
 
     def __init__(self, profile: Profile, workload: Workload, replicas: dict[str, int],
                  settings: dict[str, PoolSettings], *, host_cores: float | None = None, seed: int = 0):
         self.profile, self.workload = profile, workload
-        # The cores the app's threads share: the host's, less what its other processes kept busy.
-        self.host_cores = max(0.5, host_cores - profile.others_cores) if host_cores else host_cores
+        self.host_cores = app_cores(host_cores, profile) if host_cores else host_cores
         self.rng = random.Random(seed)
         self.env = simpy.Environment()
         self.computing = 0  # model loops computing now, and measured CPU no stage accounts for
