@@ -444,8 +444,8 @@ def test_the_app_shares_the_cores_its_profile_found_ray_did_not_keep_busy():
 
 
 def test_requests_overheads_share_a_few_threads_however_many_are_due():
-    """With shared cores, a request's work outside the model loops runs on the client's, the proxy's
-    and the Router's event loops: 12 requests' overheads due at once take those 3 threads, so a model
+    """With shared cores, a request's calls' overheads and the Router's work run on the client's, the
+    proxy's and the Router's event loops: 12 requests' overheads due at once take those 3 threads, so a model
     loop beside them gets its share of 2 cores among 4 threads (slowed 2x, not 6.5x as among 13
     activities), and one more overhead runs at its thread's share of that, 13 to 3 threads."""
     from benchmarks.simulate import OVERHEAD_THREADS, Simulation
