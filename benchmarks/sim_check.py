@@ -15,12 +15,16 @@ then:
    items' own workload (the paths and stage sizes the concurrency-1 loop's answers reported) — fed by
    that profile and the same config, with the replicas sharing the machine's cores (`--host-cores`,
    default: all of them, less the share the hypervisor gave other guests during that load, less the
-   cores Ray's own processes kept busy while the profile loaded the app);
+   cores Ray's own processes kept busy while the profile loaded the app), running as much slower than
+   while profiling as a canary process beside the app measured, per 2 s (`benchmarks/machine_speed.py`:
+   this VM's speed moves ~2x within seconds, unseen by steal) — and, beside it, at the profile's speed;
 4. a table: measured vs simulated throughput and p50, and whether each is within `--tolerance`;
    beside them the app's CPU per answered request over each load against the profile's figure for
    as many in flight (the loads of a run that ran at one speed sit together), and the share of the
    machine's CPU time the hypervisor gave to other guests over each load (`steal`; the profile's in
-   its `source`), and the cores the machine's other processes kept busy over it (`others`).
+   its `source`), the cores the machine's other processes kept busy over it (`others`), how much
+   slower the machine ran over it than while profiling (`machine`), and the errors the simulation at
+   the profile's speed would have had.
 Writes results/sim-check-*/{sim_check.json,profile.json} and ends with one JSON line.
 """
 
@@ -40,6 +44,7 @@ import httpx
 from benchmarks.client import ROOT, LocalApps, item_body, poisson_sends
 from benchmarks.cpu_per_request import app_processes, cpu_seconds, machine_busy_s, others_cores
 from benchmarks.grid import grid_items
+from benchmarks.machine_speed import Canary, slower
 from benchmarks.metrics import percentile
 from benchmarks.simulate import Profile, Workload, app_cores, settings_from_config, simulate
 from benchmarks.stage_profile import Traces
@@ -126,7 +131,7 @@ def _pct(x: float | None) -> str:
 
 
 def _brief(m: dict) -> dict:
-    return {**{k: v for k, v in m.items() if k not in ("workload", "arrivals_s")}, "transfer_rate": m["workload"]["transfer_rate"],
+    return {**{k: v for k, v in m.items() if k not in ("workload", "arrivals_s", "canary_ms_windows")}, "transfer_rate": m["workload"]["transfer_rate"],
             "degraded": m["workload"]["degraded"]}
 
 
@@ -151,6 +156,16 @@ def steal_share(start, end) -> float | None:
         return None
     total = sum(getattr(end, f) - getattr(start, f) for f in end._fields if f not in ("guest", "guest_nice"))
     return round((end.steal - start.steal) / total, 3) if total > 0 else None
+
+
+CANARY_STEP_S = 2.0  # the machine's speed, as the simulator takes it over a load: a mean per 2 s
+
+
+def machine_slower(profile_dict: dict, measured: dict) -> list[float] | None:
+    """How much slower than while profiling the machine ran over a load, per CANARY_STEP_S; None
+    for a run measured before the canary."""
+    ref, windows = profile_dict["source"].get("canary_ms"), measured.get("canary_ms_windows")
+    return slower(windows, ref) if ref and windows else None
 
 
 def within(measured: float, simulated: float, tolerance: float) -> tuple[float, bool]:
@@ -180,12 +195,22 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
         # The cores the app had during this load: what the hypervisor gave other guests was not
         # there to run on (a machine's measured capacity, like its core count; not the app's figures).
         # Of those, the app's threads share what Ray's own processes left (the profile's figure).
+        # And how fast those cores ran against while profiling: the canary's unit time per 2 s.
         cores = host_cores * (1 - (pt["measured"].get("steal") or 0.0))
-        s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=cores, **kw)
+        slow = machine_slower(profile_dict, pt["measured"])
+        s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=cores, slower=slow,
+                     slower_step_s=CANARY_STEP_S, **kw)
         pt["host_cores"] = round(cores, 3)
         pt["app_cores"] = round(app_cores(cores, profile), 3)
+        pt["machine_slower"] = (round(pt["measured"]["canary_ms"] / profile_dict["source"]["canary_ms"], 3)
+                                if slow and pt["measured"].get("canary_ms") else None)
         pt["simulated"] = {k: s[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "rejection_rate", "pools")}
         m = pt["measured"]
+        if slow:  # beside it, the simulation as if the machine had run at the profile's speed throughout
+            s0 = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=cores, **kw)
+            pt["simulated_profile_speed"] = {k: s0[k] for k in ("throughput_rps", "p50_ms")}
+            pt["profile_speed_errors"] = [within(m["throughput_rps"], s0["throughput_rps"], tolerance)[0],
+                                          within(m["p50_ms"], s0["p50_ms"], tolerance)[0]]
         pt["throughput_error"], t_ok = within(m["throughput_rps"], s["throughput_rps"], tolerance)
         pt["p50_error"], p_ok = within(m["p50_ms"], s["p50_ms"], tolerance)
         pt["within"] = t_ok and p_ok
@@ -199,7 +224,7 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
 
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'load':<16} {'xfer':>5} {'meas rps':>9} {'sim rps':>8} {'err':>7} {'meas p50':>9} {'sim p50':>8} {'err':>7}"
-          f"  ok   cpu/req vs profile  steal  others")
+          f"  ok   cpu/req vs profile  steal  others  machine  (errs at profile speed)")
     for pt in rows:
         m, s = pt["measured"], pt["simulated"]
         label = f"closed c={pt['load']}" if pt["kind"] == "closed" else f"open {m['offered_rps']:.1f}/s"
@@ -207,7 +232,9 @@ def print_table(rows: list[dict]) -> None:
               f"{pt['throughput_error']:>+7.1%} {m['p50_ms']:>9.1f} {s['p50_ms']:>8.1f} {pt['p50_error']:>+7.1%}  "
               f"{'yes' if pt['within'] else 'NO ':<3}  {m['cpu_ms_per_request']:.0f} ms "
               f"({pt['cpu_vs_profile'] or float('nan'):.2f}x)  {_pct(m.get('steal')):>5}  "
-              + (f"{m['others_cores']:.2f}" if m.get("others_cores") is not None else "–"))
+              + (f"{m['others_cores']:.2f}" if m.get("others_cores") is not None else "   –")
+              + (f"  {pt['machine_slower']:>6.2f}x  ({pt['profile_speed_errors'][0]:+.1%}, {pt['profile_speed_errors'][1]:+.1%})"
+                 if pt.get("machine_slower") else ""))
 
 
 def summary_line(rows: list[dict], profile_dict: dict, tolerance: float, **extra) -> str:
@@ -222,8 +249,11 @@ def summary_line(rows: list[dict], profile_dict: dict, tolerance: float, **extra
                                    "measured_p50_ms": r["measured"]["p50_ms"], "simulated_p50_ms": r["simulated"]["p50_ms"],
                                    "cpu_vs_profile": r["cpu_vs_profile"], "steal": r["measured"].get("steal"),
                                    "others_cores": r["measured"].get("others_cores"), "app_cores": r.get("app_cores"),
+                                   "machine_slower": r.get("machine_slower"),
+                                   "profile_speed_errors": r.get("profile_speed_errors"),
                                    "within": r["within"]} for r in rows],
                        "profile_steal": profile_dict["source"].get("steal"),
+                       "profile_canary_ms": profile_dict["source"].get("canary_ms"),
                        "profile_others_cores": profile_dict.get("cpu_ms_per_request_busy", {}).get("others_cores")})
 
 
@@ -278,16 +308,18 @@ def main(argv=None) -> int:
     duration = 20.0 if args.quick else args.duration_s
     items = bodies(400, seed=11)
     points = []
-    with LocalApps() as app:
+    with LocalApps() as app, Canary() as canary:
         print(f"sim_check: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; app {app.url}")
-        steal = Steal()
+        steal, profiling = Steal(), time.monotonic()
         profile_dict = build_profile(config, QUICK if args.quick else FULL, url=app.url,
                                      app_requests=20 if args.quick else 60,
                                      busy_requests=20 if args.quick else 200,
                                      vision_wait_s=settings["VisionEncoder"].batch_wait_s)
         profile_dict["source"]["steal"] = steal.share()
+        profile_dict["source"]["canary_ms"] = canary.mean_ms(profiling, time.monotonic())
         print_profile(profile_dict)
-        print(f"CPU time stolen by the hypervisor while profiling: {profile_dict['source']['steal']}")
+        print(f"CPU time stolen by the hypervisor while profiling: {profile_dict['source']['steal']}; "
+              f"the canary's unit took {profile_dict['source']['canary_ms']} ms")
         # Every process's CPU over each load, per answered request: beside the profile's figure for
         # as many in flight, it says whether the machine ran the load at the profile's speed (this
         # shared VM's speed moves by a third within minutes; benchmarks/README.md, runs 16-22).
@@ -295,8 +327,11 @@ def main(argv=None) -> int:
 
         def with_cpu(load_coro) -> dict:
             before, stolen, machine, start = cpu_seconds(processes), Steal(), machine_busy_s(), time.perf_counter()
+            began = time.monotonic()
             m = asyncio.run(load_coro)
-            after = cpu_seconds(processes)
+            after, ended = cpu_seconds(processes), time.monotonic()
+            m["canary_ms"] = canary.mean_ms(began, ended)
+            m["canary_ms_windows"] = canary.window_means(began, ended, CANARY_STEP_S)
             m["steal"] = stolen.share()
             m["others_cores"] = others_cores(machine, machine_busy_s(), before, after, time.perf_counter() - start)
             m["cpu_ms_per_request"] = round(sum(after[k] - before[k] for k in before) / max(1, m["answered"]) * 1000, 1)

@@ -372,9 +372,13 @@ class Simulation:
     """One run: `Simulation(profile, workload, replicas, settings).run(rate=R, duration_s=D)`."""
 
     def __init__(self, profile: Profile, workload: Workload, replicas: dict[str, int],
-                 settings: dict[str, PoolSettings], *, host_cores: float | None = None, seed: int = 0):
+                 settings: dict[str, PoolSettings], *, host_cores: float | None = None, seed: int = 0,
+                 slower: list[float] | None = None, slower_step_s: float = 2.0):
         self.profile, self.workload = profile, workload
         self.host_cores = app_cores(host_cores, profile) if host_cores else host_cores
+        # With shared cores: how much slower than when the profile was measured the machine ran,
+        # per `slower_step_s` from the start (the last holds on), as its canary measured it.
+        self.slower, self.slower_step_s = list(slower or []), slower_step_s
         self.rng = random.Random(seed)
         self.env = simpy.Environment()
         self.computing = 0  # model loops computing now, and measured CPU no stage accounts for
@@ -490,7 +494,9 @@ class Simulation:
     def _slowdown(self, extra: int = 0) -> float:
         """How much slower work counted in `computing` runs now (a model loop's, already counted;
         `extra` more not yet)."""
-        return max(1.0, (self._threads(self.overhead) + extra) / self.host_cores) if self.host_cores else 1.0
+        if not self.host_cores:
+            return 1.0
+        return max(1.0, (self._threads(self.overhead) + extra) / self.host_cores) * self._machine()
 
     def _overhead_slowdown(self, serial: bool = False) -> float:
         """How much slower one more overhead activity runs now: its thread's share of the cores,
@@ -499,7 +505,13 @@ class Simulation:
             return 1.0
         n = self.overhead + 1
         threads = min(n, OVERHEAD_THREADS)
-        return max(1.0, self._threads(n) / self.host_cores) * (1.0 if serial else n / threads)
+        return max(1.0, self._threads(n) / self.host_cores) * (1.0 if serial else n / threads) * self._machine()
+
+    def _machine(self) -> float:
+        """The machine's slowdown now against the profile's (1: as fast; only with shared cores)."""
+        if not self.slower:
+            return 1.0
+        return self.slower[min(int(self.env.now / self.slower_step_s), len(self.slower) - 1)]
 
     def _cpu_while(self, delay_s: float, seconds: float, then, threaded: bool = True) -> None:
         """`then()` after `delay_s` of waiting and `seconds` of CPU, counted while it runs among the
@@ -709,8 +721,10 @@ class Simulation:
 def simulate(profile: Profile, workload: Workload, replicas: dict[str, int], settings: dict[str, PoolSettings],
              *, rate: float | None = None, concurrency: int | None = None, duration_s: float = 60.0,
              host_cores: float | None = None, seed: int = 0, warmup_s: float | None = None,
-             arrivals: list[float] | None = None) -> dict:
-    sim = Simulation(profile, workload, replicas, settings, host_cores=host_cores, seed=seed)
+             arrivals: list[float] | None = None, slower: list[float] | None = None,
+             slower_step_s: float = 2.0) -> dict:
+    sim = Simulation(profile, workload, replicas, settings, host_cores=host_cores, seed=seed,
+                     slower=slower, slower_step_s=slower_step_s)
     return sim.run(rate=rate, concurrency=concurrency, duration_s=duration_s, warmup_s=warmup_s, arrivals=arrivals)
 
 

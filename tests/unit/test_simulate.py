@@ -461,3 +461,74 @@ def test_requests_overheads_share_a_few_threads_however_many_are_due():
     own = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings())
     own.computing, own.overhead = 5, 40  # own devices: nothing shares
     assert own._slowdown() == 1.0 and own._overhead_slowdown() == 1.0
+
+
+def test_a_machine_measured_slower_slows_work_on_shared_cores_from_that_moment():
+    """The canary's slowdown per step (the last holds on) multiplies every CPU activity's duration on
+    shared cores, from the step it was measured in; on own devices it means nothing."""
+    from benchmarks.simulate import Simulation
+
+    sim = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), host_cores=2,
+                     slower=[1.0, 2.0], slower_step_s=1.0)
+    assert sim._slowdown() == 1.0 and sim._overhead_slowdown() == 1.0
+    sim.env.run(until=1.5)
+    assert sim._slowdown() == 2.0 and sim._overhead_slowdown(serial=True) == 2.0
+    sim.env.run(until=30)
+    assert sim._slowdown() == 2.0
+    own = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), slower=[3.0])
+    assert own._slowdown() == 1.0 and own._overhead_slowdown() == 1.0
+    p, w = profile(), Workload.mutual(0.0, AGREE)
+    base = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2)
+    slow = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2, slower=[2.0])
+    assert slow["p50_ms"] == pytest.approx(2 * base["p50_ms"], rel=0.02)
+    assert slow["throughput_rps"] == pytest.approx(base["throughput_rps"] / 2, rel=0.05)
+
+
+def test_the_canary_windows_its_samples_and_carries_a_gap_forward():
+    from benchmarks.machine_speed import mean_ms, slower, window_means
+
+    samples = [(10.0, 4.0), (10.5, 6.0), (11.2, 10.0), (13.1, 8.0)]
+    assert mean_ms(samples, 10.0, 11.0) == 5.0 and mean_ms(samples, 20.0, 21.0) is None
+    assert window_means(samples, 10.0, 13.5, 1.0) == [5.0, 10.0, None, 8.0]
+    assert slower([5.0, 10.0, None, 8.0], 5.0) == [1.0, 2.0, 2.0, 1.6]
+    assert slower([None, 2.5], 5.0) == [1.0, 0.5]  # before any sample: the profile's speed
+
+
+def test_the_canary_process_reports_the_cpu_time_of_its_unit():
+    import time
+
+    from benchmarks.machine_speed import Canary
+
+    with Canary(interval_s=0.05) as canary:
+        start = time.monotonic()
+        time.sleep(0.6)
+        end = time.monotonic()
+    inside = [ms for t, ms in canary.samples if start <= t < end]
+    assert inside and all(ms > 0 for ms in inside)
+    assert canary.mean_ms(start, end) == pytest.approx(sum(inside) / len(inside), abs=1e-3)
+
+
+def test_the_check_simulates_each_load_at_the_speed_its_canary_measured():
+    """A saved run's closed loop at 16, measured while the canary's unit took twice its time while
+    profiling, is simulated on a machine twice as slow (and, beside it, at the profile's speed); a load
+    without canary figures (a run before the canary) is simulated as before."""
+    import copy
+    import json
+
+    from benchmarks.sim_check import compare
+
+    run = ROOT / "benchmarks" / "runs" / "sim-check-2026-12-03" / "run35"
+    prof = json.loads((run / "profile.json").read_text())
+    saved = json.loads((run / "sim_check.json").read_text())
+    c16 = next({k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"] if pt["load"] == 16)
+    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    [before] = compare(copy.deepcopy(prof), [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
+    prof["source"]["canary_ms"] = 5.0
+    slow = copy.deepcopy(c16)
+    slow["measured"].update(canary_ms=10.0, canary_ms_windows=[10.0] * 10)
+    [unmeasured, measured] = compare(prof, [copy.deepcopy(c16), slow], cfg, 20.0, 2, 0.25)
+    assert unmeasured["machine_slower"] is None and "simulated_profile_speed" not in unmeasured
+    assert unmeasured["simulated"]["throughput_rps"] == before["simulated"]["throughput_rps"]
+    assert measured["machine_slower"] == 2.0
+    assert measured["simulated_profile_speed"]["throughput_rps"] == before["simulated"]["throughput_rps"]
+    assert measured["simulated"]["throughput_rps"] < before["simulated"]["throughput_rps"] * 0.6
