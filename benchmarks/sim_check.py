@@ -177,6 +177,10 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
             tolerance: float) -> list[dict]:
     """Each measured load simulated from the profile, with its errors; the points, annotated."""
     profile = Profile.from_dict(profile_dict)
+    stolen = profile_dict["source"].get("steal") or 0.0
+    if stolen:  # its times are wall times: on cores the hypervisor gave that share to others, longer
+        # than the work (each load's own steal is taken from its cores below, so none counts twice)
+        profile = profile.scaled({k: 1 - stolen for k in ("router", "vision", "small", "large")})
     print(f"workload of the profile's {profile.workload.get('requests', 0)} requests: "
           f"{Workload.from_measured(profile.workload).describe()}")
     replicas = {"Router": 1, "VisionEncoder": 1, "SmallReasoner": 1, "LargeAnswerer": 1}
