@@ -1,9 +1,9 @@
 """The machine's own speed over time, measured beside a load: a canary process times one fixed unit of
 pure-Python work every `interval_s` — its CPU time, so waiting for a core does not count, only how fast
 a core runs it. On this shared VM that time moves about 2x within seconds, with no steal reported (a
-neighbour on the same physical core or its caches, or the clock): 4.8-12 ms per unit, idle or
-loaded, and the app's CPU per request and closed-loop throughput move with it (benchmarks/README.md,
-runs 44-). The simulator takes it as the machine's capacity over each load, as it takes steal.
+neighbour on the same physical core or its caches, or the clock): a probe's unit took 4.8-12 ms,
+idle or loaded, and the app's CPU per request and closed-loop throughput moved with it
+(benchmarks/README.md, "Runs 44–49"). The simulator takes it as the machine's capacity over each load, as it takes steal.
 
     with Canary() as canary:
         t0 = time.monotonic(); ...; t1 = time.monotonic()

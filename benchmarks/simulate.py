@@ -28,6 +28,9 @@ starts while k threads compute runs max(1, k / N) times slower. A model loop is 
 calls' overheads and the Router's work run on the event loops' threads (the client's, the proxy's,
 the Router's: `OVERHEAD_THREADS`), which the due overheads share — twelve at once are three threads
 on the cores, each overhead at a quarter of its thread.
+Given the machine's own speed over a load against the profile's (`slower`, per `slower_step_s`, as a
+canary process beside the app measured it: `benchmarks/machine_speed.py`), every CPU activity on the
+shared cores runs that much slower from the step it was measured in.
 A profile measured on a served app also carries each stage call's overhead beyond the model's work
 (`calls`: the handle's RPC, the features' fetch, the stream), added before the call reaches its pool,
 what its decode loop spends a step beyond the engine's (`served.step_overhead_ms`, added to every
