@@ -3,7 +3,8 @@ pure-Python work every `interval_s` — its CPU time, so waiting for a core does
 a core runs it. On this shared VM that time moves about 2x within seconds, with no steal reported (a
 neighbour on the same physical core or its caches, or the clock): a probe's unit took 4.8-12 ms,
 idle or loaded, and the app's CPU per request and closed-loop throughput moved with it
-(benchmarks/README.md, "Runs 44–49"). The simulator takes it as the machine's capacity over each load, as it takes steal.
+(benchmarks/README.md, "Runs 44–52"). The simulator takes it as the machine's capacity over each
+load, as it takes steal — to first order: torch's kernels do not speed up or slow down quite as much.
 
     with Canary() as canary:
         t0 = time.monotonic(); ...; t1 = time.monotonic()

@@ -199,7 +199,7 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
         # The cores the app had during this load: what the hypervisor gave other guests was not
         # there to run on (a machine's measured capacity, like its core count; not the app's figures).
         # Of those, the app's threads share what Ray's own processes left (the profile's figure).
-        # And how fast those cores ran against while profiling: the canary's unit time per 2 s.
+        # And how fast those cores ran, against their speed while profiling: the canary's unit time per 2 s.
         cores = host_cores * (1 - (pt["measured"].get("steal") or 0.0))
         slow = machine_slower(profile_dict, pt["measured"])
         s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=cores, slower=slow,
