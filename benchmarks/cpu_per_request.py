@@ -40,12 +40,12 @@ def cpu_seconds(processes: dict) -> dict[str, float]:
     return {k: sum(p.cpu_times()[:2]) for k, p in processes.items()}
 
 
-def machine_busy_s() -> float:
+def machine_busy_s(t=None) -> float:
     """Every core's busy CPU seconds since boot, all processes together (not idle, waiting on I/O or
-    stolen; guest time is inside user time)."""
+    stolen; guest time is inside user time), from `t` (a `psutil.cpu_times()` reading) or now."""
     import psutil
 
-    t = psutil.cpu_times()
+    t = t or psutil.cpu_times()
     return sum(getattr(t, f) for f in t._fields if f not in ("idle", "iowait", "steal", "guest", "guest_nice"))
 
 

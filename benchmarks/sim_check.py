@@ -303,6 +303,7 @@ def main(argv=None) -> int:
     if args.resimulate:
         return resimulate(args.resimulate, 20.0 if args.quick else args.duration_s, args.tolerance, args.others_cores)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import psutil
     import torch
 
     torch.set_num_threads(1)  # as a replica has it (Ray: one thread for a num_cpus <= 1 actor)
@@ -330,14 +331,15 @@ def main(argv=None) -> int:
         processes = app_processes()
 
         def with_cpu(load_coro) -> dict:
-            before, stolen, machine, start = cpu_seconds(processes), Steal(), machine_busy_s(), time.perf_counter()
-            began = time.monotonic()
+            # One reading of the machine's CPU times at each end gives both its steal and its busy time.
+            before, machine, began = cpu_seconds(processes), psutil.cpu_times(), time.monotonic()
             m = asyncio.run(load_coro)
-            after, ended = cpu_seconds(processes), time.monotonic()
+            after, machine_after, ended = cpu_seconds(processes), psutil.cpu_times(), time.monotonic()
             m["canary_ms"] = canary.mean_ms(began, ended)
             m["canary_ms_windows"] = canary.window_means(began, ended, CANARY_STEP_S)
-            m["steal"] = stolen.share()
-            m["others_cores"] = others_cores(machine, machine_busy_s(), before, after, time.perf_counter() - start)
+            m["steal"] = steal_share(machine, machine_after)
+            m["others_cores"] = others_cores(machine_busy_s(machine), machine_busy_s(machine_after), before, after,
+                                             ended - began)
             m["cpu_ms_per_request"] = round(sum(after[k] - before[k] for k in before) / max(1, m["answered"]) * 1000, 1)
             return m
 

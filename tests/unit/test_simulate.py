@@ -40,6 +40,17 @@ AGREE = {"small_direct": {"prompt_tokens": 10, "decode_steps": 3}, "large_direct
          "small_reasoning": {"prompt_tokens": 10, "decode_steps": 20}, "large_transfer": {"prompt_tokens": 10, "decode_steps": 3}}
 
 
+def saved_run(run: str, load: int) -> tuple[dict, dict]:
+    """A saved sim_check run's profile (benchmarks/runs/) and its measured point at `load`, as the
+    check's `compare` takes them."""
+    import json
+
+    d = ROOT / "benchmarks" / "runs" / "sim-check-2026-12-03" / run
+    saved = json.loads((d / "sim_check.json").read_text())
+    point = next({k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"] if pt["load"] == load)
+    return json.loads((d / "profile.json").read_text()), point
+
+
 def test_curve_interpolates_and_extends_the_nearest_segment():
     c = Curve([(1, 2.0), (8, 4.0)])
     assert c(1) == 2.0 and c(8) == 4.0
@@ -393,14 +404,10 @@ def test_the_check_simulates_each_load_on_the_cores_the_hypervisor_left_it():
     """A saved run (benchmarks/runs/) re-simulated: the same load measured with 30 % of the CPU time
     stolen runs on 1.4 of the 2 cores, and the simulated app completes less."""
     import copy
-    import json
 
     from benchmarks.sim_check import compare
 
-    run = ROOT / "benchmarks" / "runs" / "sim-check-2026-12-03" / "run31"
-    profile = json.loads((run / "profile.json").read_text())
-    saved = json.loads((run / "sim_check.json").read_text())
-    c16 = next({k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"] if pt["load"] == 16)
+    profile, c16 = saved_run("run31", 16)
     quiet, stolen = copy.deepcopy(c16), copy.deepcopy(c16)
     quiet["measured"]["steal"], stolen["measured"]["steal"] = 0.0, 0.3
     cfg = settings_from_config(ROOT / "serve_config.yaml")
@@ -424,17 +431,13 @@ def test_the_app_shares_the_cores_its_profile_found_ray_did_not_keep_busy():
     """A profile that measured 0.6 cores of Ray's own processes leaves the app's threads 1.4 of 2: the
     same load simulated from it completes less than from the same profile without the figure."""
     import copy
-    import json
 
     from benchmarks.sim_check import compare
 
-    run = ROOT / "benchmarks" / "runs" / "sim-check-2026-12-03" / "run34"
-    bare = json.loads((run / "profile.json").read_text())
+    bare, c16 = saved_run("run34", 16)
     busy = copy.deepcopy(bare)
     busy["cpu_ms_per_request_busy"]["others_cores"] = 0.6
     assert Profile.from_dict(busy).others_cores == 0.6 and Profile.from_dict(bare).others_cores == 0.0
-    saved = json.loads((run / "sim_check.json").read_text())
-    c16 = next({k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"] if pt["load"] == 16)
     c16["measured"]["steal"] = 0.0
     cfg = settings_from_config(ROOT / "serve_config.yaml")
     [alone] = compare(bare, [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
@@ -513,14 +516,10 @@ def test_the_check_simulates_each_load_at_the_speed_its_canary_measured():
     profiling, is simulated on a machine twice as slow (and, beside it, at the profile's speed); a load
     without canary figures (a run before the canary) is simulated as before."""
     import copy
-    import json
 
     from benchmarks.sim_check import compare
 
-    run = ROOT / "benchmarks" / "runs" / "sim-check-2026-12-03" / "run35"
-    prof = json.loads((run / "profile.json").read_text())
-    saved = json.loads((run / "sim_check.json").read_text())
-    c16 = next({k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"] if pt["load"] == 16)
+    prof, c16 = saved_run("run35", 16)
     cfg = settings_from_config(ROOT / "serve_config.yaml")
     [before] = compare(copy.deepcopy(prof), [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
     prof["source"]["canary_ms"] = 5.0
@@ -540,14 +539,10 @@ def test_a_profile_measured_under_steal_is_taken_as_that_much_longer_than_its_wo
     and a load on unstolen cores runs faster (not by all of it: the batch waits and the CPU the stages
     do not account for, CPU time, are not wall times)."""
     import copy
-    import json
 
     from benchmarks.sim_check import compare
 
-    run = ROOT / "benchmarks" / "runs" / "sim-check-2026-12-03" / "run35"
-    prof = json.loads((run / "profile.json").read_text())
-    saved = json.loads((run / "sim_check.json").read_text())
-    c1 = next({k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"] if pt["load"] == 1)
+    prof, c1 = saved_run("run35", 1)
     c1["measured"]["steal"] = 0.0
     cfg = settings_from_config(ROOT / "serve_config.yaml")
     quiet, stolen = copy.deepcopy(prof), copy.deepcopy(prof)
