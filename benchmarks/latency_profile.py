@@ -67,6 +67,27 @@ def timed_ms(fn, device: str, repeats: int, warmup: int = 1) -> float:
     return statistics.median(times)
 
 
+def paired_ms(short, long, device: str, repeats: int, warmup: int = 1) -> tuple[float, float]:
+    """(median of short(), median of long() − short()) in ms, each repeat timing the two back to back:
+    on a machine whose speed moves within seconds, a difference of two medians taken a second apart
+    carries that move (a profile's step at 8 rows came out below its step at 1); a pair's does not."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for _ in range(warmup):
+        short(), long()
+    shorts, diffs = [], []
+    for _ in range(repeats):
+        times = []
+        for fn in (short, long):
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append((time.perf_counter() - start) * 1000)
+        shorts.append(times[0])
+        diffs.append(times[1] - times[0])
+    return statistics.median(shorts), statistics.median(diffs)
+
+
 class Profiler:
     def __init__(self, model, device: str, repeats: int):
         self.model, self.device, self.repeats = model, device, repeats

@@ -17,14 +17,15 @@ then:
    default: all of them, less the share the hypervisor gave other guests during that load, less the
    cores Ray's own processes kept busy while the profile loaded the app), running as much slower than
    while profiling as a canary process beside the app measured, per 2 s (`benchmarks/machine_speed.py`:
-   this VM's speed moves ~2x within seconds, unseen by steal) — and, beside it, at the profile's speed;
+   this VM's speed moves ~2x within seconds, unseen by steal; the model loops' work at the speed of its
+   model unit, the rest at its Python unit's) — and, beside it, at the profile's speed;
 4. a table: measured vs simulated throughput and p50, and whether each is within `--tolerance`;
    beside them the app's CPU per answered request over each load against the profile's figure for
    as many in flight (the loads of a run that ran at one speed sit together), and the share of the
    machine's CPU time the hypervisor gave to other guests over each load (`steal`; the profile's in
    its `source`), the cores the machine's other processes kept busy over it (`others`), how much
    slower the machine ran over it than while profiling (`machine`), and the errors the simulation at
-   the profile's speed would have had.
+   the profile's speed would have had (`(model …x)`: the model unit's slowdown, where it differs).
 Writes results/sim-check-*/{sim_check.json,profile.json} and ends with one JSON line.
 """
 
@@ -131,7 +132,8 @@ def _pct(x: float | None) -> str:
 
 
 def _brief(m: dict) -> dict:
-    return {**{k: v for k, v in m.items() if k not in ("workload", "arrivals_s", "canary_ms_windows")}, "transfer_rate": m["workload"]["transfer_rate"],
+    return {**{k: v for k, v in m.items() if k not in ("workload", "arrivals_s", "canary_ms_windows",
+                                                      "canary_torch_ms_windows")}, "transfer_rate": m["workload"]["transfer_rate"],
             "degraded": m["workload"]["degraded"]}
 
 
@@ -161,11 +163,24 @@ def steal_share(start, end) -> float | None:
 CANARY_STEP_S = 2.0  # the machine's speed, as the simulator takes it over a load: a mean per 2 s
 
 
-def machine_slower(profile_dict: dict, measured: dict) -> list[float] | None:
-    """How much slower than while profiling the machine ran over a load, per CANARY_STEP_S; None
-    for a run measured before the canary."""
-    ref, windows = profile_dict["source"].get("canary_ms"), measured.get("canary_ms_windows")
+# The canary's units, by the keys a run records them under: "py" (a Python loop) and "torch" (the
+# small model's prefill and decode steps; since run 53).
+_CANARY_KEY = {"py": "canary_ms", "torch": "canary_torch_ms"}
+
+
+def machine_slower(profile_dict: dict, measured: dict, unit: str = "py") -> list[float] | None:
+    """How much slower than while profiling the machine ran `unit` over a load, per CANARY_STEP_S;
+    None for a run measured without that unit."""
+    key = _CANARY_KEY[unit]
+    ref, windows = profile_dict["source"].get(key), measured.get(f"{key}_windows")
     return slower(windows, ref) if ref and windows else None
+
+
+def mean_slower(profile_dict: dict, measured: dict, unit: str = "py") -> float | None:
+    """The same over the whole load: its mean unit time over the profile's."""
+    key = _CANARY_KEY[unit]
+    ref, mean = profile_dict["source"].get(key), measured.get(key)
+    return round(mean / ref, 3) if ref and mean else None
 
 
 def within(measured: float, simulated: float, tolerance: float) -> tuple[float, bool]:
@@ -174,8 +189,10 @@ def within(measured: float, simulated: float, tolerance: float) -> tuple[float, 
 
 
 def compare(profile_dict: dict, points: list[dict], settings: dict, duration: float, host_cores: float,
-            tolerance: float) -> list[dict]:
-    """Each measured load simulated from the profile, with its errors; the points, annotated."""
+            tolerance: float, model_unit: str = "torch") -> list[dict]:
+    """Each measured load simulated from the profile, with its errors; the points, annotated. The
+    model loops' work runs at the speed of the canary's `model_unit` where the run measured it (else
+    of its Python unit, as everything else does)."""
     profile = Profile.from_dict(profile_dict)
     stolen = profile_dict["source"].get("steal") or 0.0
     if stolen:  # its times are wall times: on cores the hypervisor gave that share to others, longer
@@ -202,12 +219,13 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
         # And how fast those cores ran, against their speed while profiling: the canary's unit time per 2 s.
         cores = host_cores * (1 - (pt["measured"].get("steal") or 0.0))
         slow = machine_slower(profile_dict, pt["measured"])
+        slow_model = machine_slower(profile_dict, pt["measured"], model_unit)
         s = simulate(profile, workload, replicas, settings, duration_s=duration, host_cores=cores, slower=slow,
-                     slower_step_s=CANARY_STEP_S, **kw)
+                     slower_step_s=CANARY_STEP_S, slower_model=slow_model, **kw)
         pt["host_cores"] = round(cores, 3)
         pt["app_cores"] = round(app_cores(cores, profile), 3)
-        pt["machine_slower"] = (round(pt["measured"]["canary_ms"] / profile_dict["source"]["canary_ms"], 3)
-                                if slow and pt["measured"].get("canary_ms") else None)
+        pt["machine_slower"] = mean_slower(profile_dict, pt["measured"]) if slow else None
+        pt["machine_slower_model"] = mean_slower(profile_dict, pt["measured"], model_unit) if slow_model else None
         pt["simulated"] = {k: s[k] for k in ("throughput_rps", "p50_ms", "p95_ms", "rejection_rate", "pools")}
         m = pt["measured"]
         if slow:  # beside it, the simulation as if the machine had run at the profile's speed throughout
@@ -237,8 +255,10 @@ def print_table(rows: list[dict]) -> None:
               f"{'yes' if pt['within'] else 'NO ':<3}  {m['cpu_ms_per_request']:.0f} ms "
               f"({pt['cpu_vs_profile'] or float('nan'):.2f}x)  {_pct(m.get('steal')):>5}  "
               + (f"{m['others_cores']:.2f}" if m.get("others_cores") is not None else "   –")
-              + (f"  {pt['machine_slower']:>6.2f}x  ({pt['profile_speed_errors'][0]:+.1%}, {pt['profile_speed_errors'][1]:+.1%})"
-                 if pt.get("machine_slower") else ""))
+              + (f"  {pt['machine_slower']:>6.2f}x" if pt.get("machine_slower") else "")
+              + (f" (model {pt['machine_slower_model']:.2f}x)" if pt.get("machine_slower_model") else "")
+              + (f"  ({pt['profile_speed_errors'][0]:+.1%}, {pt['profile_speed_errors'][1]:+.1%})"
+                 if pt.get("profile_speed_errors") else ""))
 
 
 def summary_line(rows: list[dict], profile_dict: dict, tolerance: float, **extra) -> str:
@@ -254,14 +274,17 @@ def summary_line(rows: list[dict], profile_dict: dict, tolerance: float, **extra
                                    "cpu_vs_profile": r["cpu_vs_profile"], "steal": r["measured"].get("steal"),
                                    "others_cores": r["measured"].get("others_cores"), "app_cores": r.get("app_cores"),
                                    "machine_slower": r.get("machine_slower"),
+                                   "machine_slower_model": r.get("machine_slower_model"),
                                    "profile_speed_errors": r.get("profile_speed_errors"),
                                    "within": r["within"]} for r in rows],
                        "profile_steal": profile_dict["source"].get("steal"),
                        "profile_canary_ms": profile_dict["source"].get("canary_ms"),
+                       "profile_canary_torch_ms": profile_dict["source"].get("canary_torch_ms"),
                        "profile_others_cores": profile_dict.get("cpu_ms_per_request_busy", {}).get("others_cores")})
 
 
-def resimulate(run_dir: Path, duration: float, tolerance: float, others_cores: float | None = None) -> int:
+def resimulate(run_dir: Path, duration: float, tolerance: float, others_cores: float | None = None,
+               model_unit: str = "torch") -> int:
     """A saved run's measured loads simulated again from its saved profile, by this code: a change to
     the model is judged on the runs already measured, the app's figures fixed. `others_cores`: for a
     profile measured before it recorded what Ray's own processes kept busy, a figure to assume."""
@@ -274,9 +297,9 @@ def resimulate(run_dir: Path, duration: float, tolerance: float, others_cores: f
     saved = json.loads((run_dir / "sim_check.json").read_text())
     points = [{k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"]]
     rows = compare(profile_dict, points, settings_from_config(ROOT / "serve_config.yaml"), duration,
-                   saved["host_cores"], tolerance)
+                   saved["host_cores"], tolerance, model_unit)
     print_table(rows)
-    print(summary_line(rows, profile_dict, tolerance, resimulated=str(run_dir),
+    print(summary_line(rows, profile_dict, tolerance, resimulated=str(run_dir), model_unit=model_unit,
                        **({"assumed_others_cores": others_cores} if assumed else {})))
     return 0
 
@@ -299,9 +322,12 @@ def main(argv=None) -> int:
                    help="no app: simulate a saved run's loads (DIR: results/sim-check-*) again with this code")
     p.add_argument("--others-cores", type=float,
                    help="with --resimulate, for a profile without it: the cores Ray's own processes kept busy")
+    p.add_argument("--model-unit", choices=sorted(_CANARY_KEY), default="torch",
+                   help="with --resimulate: the canary unit whose speed the model loops' work takes (where measured)")
     args = p.parse_args(argv)
     if args.resimulate:
-        return resimulate(args.resimulate, 20.0 if args.quick else args.duration_s, args.tolerance, args.others_cores)
+        return resimulate(args.resimulate, 20.0 if args.quick else args.duration_s, args.tolerance, args.others_cores,
+                          args.model_unit)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import psutil
     import torch
@@ -313,7 +339,7 @@ def main(argv=None) -> int:
     duration = 20.0 if args.quick else args.duration_s
     items = bodies(400, seed=11)
     points = []
-    with LocalApps() as app, Canary() as canary:
+    with LocalApps() as app, Canary(checkpoint=str(ROOT / "tandem" / "trained" / "small")) as canary:
         print(f"sim_check: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; app {app.url}")
         steal, profiling = Steal(), time.monotonic()
         profile_dict = build_profile(config, QUICK if args.quick else FULL, url=app.url,
@@ -321,10 +347,13 @@ def main(argv=None) -> int:
                                      busy_requests=20 if args.quick else 200,
                                      vision_wait_s=settings["VisionEncoder"].batch_wait_s)
         profile_dict["source"]["steal"] = steal.share()
-        profile_dict["source"]["canary_ms"] = canary.mean_ms(profiling, time.monotonic())
+        profiled = time.monotonic()
+        profile_dict["source"]["canary_ms"] = canary.mean_ms(profiling, profiled)
+        profile_dict["source"]["canary_torch_ms"] = canary.mean_ms(profiling, profiled, "torch")
         print_profile(profile_dict)
         print(f"CPU time stolen by the hypervisor while profiling: {profile_dict['source']['steal']}; "
-              f"the canary's unit took {profile_dict['source']['canary_ms']} ms")
+              f"the canary's units took {profile_dict['source']['canary_ms']} ms (Python), "
+              f"{profile_dict['source']['canary_torch_ms']} ms (model)")
         # Every process's CPU over each load, per answered request: beside the profile's figure for
         # as many in flight, it says whether the machine ran the load at the profile's speed (this
         # shared VM's speed moves by a third within minutes; benchmarks/README.md, runs 16-22).
@@ -337,6 +366,8 @@ def main(argv=None) -> int:
             after, machine_after, ended = cpu_seconds(processes), psutil.cpu_times(), time.monotonic()
             m["canary_ms"] = canary.mean_ms(began, ended)
             m["canary_ms_windows"] = canary.window_means(began, ended, CANARY_STEP_S)
+            m["canary_torch_ms"] = canary.mean_ms(began, ended, "torch")
+            m["canary_torch_ms_windows"] = canary.window_means(began, ended, CANARY_STEP_S, "torch")
             m["steal"] = steal_share(machine, machine_after)
             m["others_cores"] = others_cores(machine_busy_s(machine), machine_busy_s(machine_after), before, after,
                                              ended - began)

@@ -7,7 +7,7 @@ Times the engines the deployments run (`make_engine`: the VisionEncoder's towers
 decoders driven by their `DecodeLoop`), on a grid-task image and the pipeline's own prompts:
 - `vision.<role>`: one encode call of n images (a VisionEncoder batch), ms by n;
 - `generators.<role>.step`: one decode step with n rows running, ms — from n rows decoding 1 and
-  1 + S tokens, (t(1+S) - t(1)) / S;
+  1 + S tokens, (t(1+S) - t(1)) / S, the median over repeats that time the two back to back;
 - `generators.<role>.prefill`: n rows joining at once (their prompts prefilled, merged, first token),
   ms by n, with the prompt length — t(1) less one step.
 Rows run to their token limit (stop tokens are switched off while measuring, as latency_profile forces
@@ -53,7 +53,7 @@ FULL = dict(vision=[1, 2, 4, 8, 16], batches=[1, 2, 4, 8, 16], steps=32, repeats
 
 def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -> dict:
     """Vision and generator curves for both roles of `config`, measured in this process."""
-    from benchmarks.latency_profile import timed_ms
+    from benchmarks.latency_profile import paired_ms, timed_ms
     from tandem import prompts
     from tandem.engines import ROLES, make_engine
     from tandem.schemas import GenerationRequest, SamplingParams
@@ -83,9 +83,9 @@ def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -
                 return engine.loop.generate([req] * b)
 
             prompt_tokens = run(1)[0].prompt_tokens
-            t1 = timed_ms(lambda: run(1), device, grid["repeats"])
-            t_long = timed_ms(lambda: run(1 + grid["steps"]), device, grid["repeats"])
-            per_step = max(0.0, (t_long - t1) / grid["steps"])
+            # The steps' cost: each repeat's long run less its short one, timed back to back.
+            t1, steps_ms = paired_ms(lambda: run(1), lambda: run(1 + grid["steps"]), device, grid["repeats"])
+            per_step = max(0.0, steps_ms / grid["steps"])
             step.append({"batch": b, "ms": round(per_step, 3)})
             prefill.append({"batch": b, "prompt_tokens": prompt_tokens, "ms": round(max(0.0, t1 - per_step), 3)})
             bar and bar.update()

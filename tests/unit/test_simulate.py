@@ -303,6 +303,32 @@ def test_cpu_measured_with_requests_in_flight_is_charged_by_how_many_are_in_flig
     assert loaded.cpu_busy == (8, 60.0) and loaded.scaled({"small": 2}).cpu_busy == (8, 60.0)
 
 
+def test_the_cpu_charged_with_requests_in_flight_totals_the_measured_figure_there():
+    """With 8 in flight the model loops batch, so a request's share of their work is below its work
+    alone: the CPU beside it is the measured figure less that share (as the simulation batches at 8),
+    and the simulation charges a request the measured total there — not less by the batching's gain."""
+    import dataclasses
+
+    from benchmarks.simulate import Simulation
+
+    w = Workload.mutual(0.0, AGREE)
+    p = dataclasses.replace(profile(), cpu_ms_per_request=200.0, cpu_busy=(8, 150.0))
+    sim = Simulation(p, w, {}, settings(), host_cores=2)
+    alone, busy, count = sim._unaccounted_cpu_s()
+    batched = sim._model_ms_per_request(8)
+    model_alone = sum(share * (w.images if c.kind == "vision" else 1) * w.call_ms(p, c)
+                      for _, share, phases in w.paths for phase in phases for c in phase)
+    assert count == 8 and batched < 0.8 * model_alone  # profile(): its calls carry no overheads
+    assert alone * 1000 == pytest.approx(200.0 - p.router_ms - model_alone)
+    assert busy * 1000 == pytest.approx(150.0 - p.router_ms - batched)
+    beside = []
+    run = Simulation(p, w, {}, settings(), host_cores=2)
+    run._unaccounted_at = lambda n, f=run._unaccounted_at: beside.append(f(n)) or beside[-1]
+    r = run.run(concurrency=8, duration_s=30.0, warmup_s=0.0)
+    requests = r["completed"] + run.in_flight / 2
+    assert p.router_ms + (run.model_ms + sum(beside) * 1000) / requests == pytest.approx(150.0, rel=0.05)
+
+
 def test_an_open_loop_replays_given_send_times():
     """The check against the app replays the app's own arrivals: the same bursts, so the same queue."""
     p = profile()
@@ -487,6 +513,51 @@ def test_a_machine_measured_slower_slows_work_on_shared_cores_from_that_moment()
     assert slow["throughput_rps"] == pytest.approx(base["throughput_rps"] / 2, rel=0.05)
 
 
+def test_the_model_loops_work_takes_the_model_units_speed_and_the_rest_the_python_units():
+    """Given both, the model loops' work is slowed by the canary's model unit and the overheads (and
+    the CPU beside each request) by its Python unit; given one, it slows everything."""
+    from benchmarks.simulate import Simulation
+
+    both = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), host_cores=2,
+                      slower=[1.0], slower_model=[2.0])
+    assert both._slowdown(model=True) == 2.0
+    assert both._slowdown(1) == 1.0 and both._overhead_slowdown() == 1.0
+    one = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), host_cores=2, slower=[1.5])
+    assert one._slowdown(model=True) == 1.5 and one._overhead_slowdown() == 1.5
+    p, w = profile(), Workload.mutual(0.0, AGREE)
+    base = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2)
+    model_slow = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2,
+                          slower=[1.0], slower_model=[2.0])
+    all_slow = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2, slower=[2.0])
+    # the profile's Router and call overheads are not the model's: only part of the latency doubles
+    assert base["p50_ms"] * 1.2 < model_slow["p50_ms"] < all_slow["p50_ms"]
+
+
+def test_a_paired_timing_takes_each_repeats_difference_back_to_back():
+    """The steps' cost comes from each repeat's long run less its short one, the two timed back to back:
+    a machine that slows between repeats moves both sides of a pair alike."""
+    from benchmarks import latency_profile
+
+    clock, calls, speed = [0.0], [], [1.0]
+
+    def work(ms, name):
+        def fn():
+            calls.append(name)
+            clock[0] += ms * speed[0] / 1000
+            if name == "long":
+                speed[0] *= 2  # the machine halves its speed after every pair
+        return fn
+
+    real = latency_profile.time.perf_counter
+    latency_profile.time.perf_counter = lambda: clock[0]
+    try:
+        short, diff = latency_profile.paired_ms(work(10, "short"), work(30, "long"), "cpu", repeats=3)
+    finally:
+        latency_profile.time.perf_counter = real
+    assert calls == ["short", "long"] * 4  # a warm-up pair, then three
+    assert short == pytest.approx(10 * 4) and diff == pytest.approx(20 * 4)  # the middle pair's speed
+
+
 def test_the_canary_windows_its_samples_and_carries_a_gap_forward():
     from benchmarks.machine_speed import mean_ms, slower, window_means
 
@@ -511,6 +582,24 @@ def test_the_canary_process_reports_the_cpu_time_of_its_unit():
     assert canary.mean_ms(start, end) == pytest.approx(sum(inside) / len(inside), abs=1e-3)
 
 
+def test_the_canary_times_a_model_unit_in_turn_with_its_python_unit():
+    """Given a checkpoint, the canary also times the app's kind of work — a model built from its
+    config, at one thread — alternating with the Python loop; each unit's samples are kept apart."""
+    import time
+
+    from benchmarks.machine_speed import Canary
+
+    with Canary(interval_s=0.05, checkpoint=str(ROOT / "tandem" / "trained" / "small")) as canary:
+        start = time.monotonic()
+        time.sleep(0.8)
+        end = time.monotonic()
+    py = [ms for t, ms in canary.samples if start <= t < end]
+    model = [ms for t, ms in canary.torch_samples if start <= t < end]
+    assert py and model and all(ms > 0 for ms in py + model)
+    assert abs(len(py) - len(model)) <= 1  # in turn
+    assert canary.mean_ms(start, end, "torch") == pytest.approx(sum(model) / len(model), abs=1e-3)
+
+
 def test_the_check_simulates_each_load_at_the_speed_its_canary_measured():
     """A saved run's closed loop at 16, measured while the canary's unit took twice its time while
     profiling, is simulated on a machine twice as slow (and, beside it, at the profile's speed); a load
@@ -531,6 +620,27 @@ def test_the_check_simulates_each_load_at_the_speed_its_canary_measured():
     assert measured["machine_slower"] == 2.0
     assert measured["simulated_profile_speed"]["throughput_rps"] == before["simulated"]["throughput_rps"]
     assert measured["simulated"]["throughput_rps"] < before["simulated"]["throughput_rps"] * 0.6
+
+
+def test_the_check_runs_the_model_loops_at_the_model_units_speed_where_the_run_measured_it():
+    """A load whose Python unit ran at the profile's speed while its model unit took twice as long is
+    simulated slower than one at the profile's speed throughout; asked to (`model_unit="py"`), the
+    check takes the Python unit's speed for the model loops too, as for runs without the model unit."""
+    import copy
+
+    from benchmarks.sim_check import compare
+
+    prof, c16 = saved_run("run35", 16)
+    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    prof["source"].update(canary_ms=5.0, canary_torch_ms=8.0)
+    c16["measured"].update(canary_ms=5.0, canary_ms_windows=[5.0] * 10,
+                           canary_torch_ms=16.0, canary_torch_ms_windows=[16.0] * 10)
+    [model_slow] = compare(copy.deepcopy(prof), [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
+    [py_only] = compare(copy.deepcopy(prof), [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25, model_unit="py")
+    assert model_slow["machine_slower"] == 1.0 and model_slow["machine_slower_model"] == 2.0
+    assert py_only["machine_slower_model"] == 1.0
+    assert py_only["simulated"]["throughput_rps"] == py_only["simulated_profile_speed"]["throughput_rps"]
+    assert model_slow["simulated"]["throughput_rps"] < py_only["simulated"]["throughput_rps"] * 0.8
 
 
 def test_a_profile_measured_under_steal_is_taken_as_that_much_longer_than_its_work():
