@@ -6,7 +6,8 @@ idle or loaded, and the app's CPU per request and closed-loop throughput moved w
 (benchmarks/README.md, "Runs 44–52"). The simulator takes it as the machine's capacity over each
 load, as it takes steal — to first order: torch's kernels do not speed up or slow down quite as much
 as a Python loop, so given a checkpoint the canary also times a unit of the app's own kind of work
-(a model from that config, a prefill and two decode steps at one thread), in turn with the loop.
+(a model from that config, a prefill and two decode steps at one thread), in turn with the loop —
+over runs 53–61 it mostly moved with the loop and, where they parted, tracked the app no better.
 
     with Canary(checkpoint="tandem/trained/small") as canary:
         t0 = time.monotonic(); ...; t1 = time.monotonic()
