@@ -193,8 +193,8 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
             tolerance: float, model_unit: str = "py") -> list[dict]:
     """Each measured load simulated from the profile, with its errors; the points, annotated. The
     model loops' work runs at the speed of the canary's `model_unit` where the run measured it (else
-    of its Python unit, as everything else does). The Python unit by default: over runs 44-55 the
-    model unit's speed for the model loops met the bar no more often (benchmarks/README.md, runs 53-)."""
+    of its Python unit, as everything else does). The Python unit by default: over runs 44-61 the
+    model unit's speed for the model loops met the bar no more often (benchmarks/README.md, runs 53-61)."""
     profile = Profile.from_dict(profile_dict)
     stolen = profile_dict["source"].get("steal") or 0.0
     if stolen:  # its times are wall times: on cores the hypervisor gave that share to others, longer

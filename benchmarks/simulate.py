@@ -39,8 +39,9 @@ step), and the app's whole CPU per request (`cpu_ms_per_request`, every process)
 the stages do not account for (Serve's proxy and controller, the Router's handling of calls, the
 replicas' own bookkeeping) runs beside each request as load on the cores, off its critical path —
 measured alone and, if the profile has it, with 8 requests in flight (`cpu_ms_per_request_busy`):
-a request is charged between the two by how many are in flight when it arrives. On GPU pools leave it unset: each replica
-owns its device. What is not modelled: the network and object-store transfer of features, the
+a request is charged between the two by how many are in flight when it arrives (with 8 in flight,
+net of the model loops' work as this simulation batches it there, so the total is the measured one).
+On GPU pools leave it unset: each replica owns its device. What is not modelled: the network and object-store transfer of features, the
 feature cache, autoscaling (pools are fixed), stop strings ending a row early (steps are counts).
 
 Output: a table and one JSON line — throughput, p50/p95/p99, rejection rate, and per pool its
