@@ -52,19 +52,25 @@ def load_model(ref: str, device: str, dtype: torch.dtype):
     return model.eval()
 
 
+def _sync(device: str):
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def _elapsed_ms(fn, sync) -> float:
+    """fn()'s wall time in ms, the device synchronised around it."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return (time.perf_counter() - start) * 1000
+
+
 def timed_ms(fn, device: str, repeats: int, warmup: int = 1) -> float:
     """Median wall time of fn() in ms, after warm-up, with the device synchronised around each run."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = _sync(device)
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times)
+    return statistics.median(_elapsed_ms(fn, sync) for _ in range(repeats))
 
 
 def paired_ms(short, long, device: str, repeats: int, warmup: int = 1) -> tuple[float, float]:
@@ -72,21 +78,11 @@ def paired_ms(short, long, device: str, repeats: int, warmup: int = 1) -> tuple[
     on a machine whose speed moves within seconds, a difference of two medians taken a second apart
     carries that move (a profile's step at 8 rows came out below its step at 1); a pair carries less
     of it (fewer such dips: benchmarks/README.md, runs 53-61)."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = _sync(device)
     for _ in range(warmup):
         short(), long()
-    shorts, diffs = [], []
-    for _ in range(repeats):
-        times = []
-        for fn in (short, long):
-            sync()
-            start = time.perf_counter()
-            fn()
-            sync()
-            times.append((time.perf_counter() - start) * 1000)
-        shorts.append(times[0])
-        diffs.append(times[1] - times[0])
-    return statistics.median(shorts), statistics.median(diffs)
+    pairs = [(_elapsed_ms(short, sync), _elapsed_ms(long, sync)) for _ in range(repeats)]
+    return statistics.median(a for a, _ in pairs), statistics.median(b - a for a, b in pairs)
 
 
 class Profiler:
