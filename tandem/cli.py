@@ -13,7 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from tandem.config import DEPLOYMENT_NAMES, POLICY_NAMES, ROUTER_MAX_ONGOING, limit_problems, load_tandem_config
+from tandem.config import (DEPLOYMENT_NAMES, POLICY_NAMES, ROUTER_MAX_ONGOING, calls_at_once, limit_problems,
+                           load_tandem_config)
 from tandem.errors import TandemError
 from tandem.policies import parse_policy_id
 
@@ -90,11 +91,32 @@ def _cmd_validate_config(args) -> int:
             # would never see enough requests to apply its own limit.
             problems.append(f"application '{name}': Router max_ongoing_requests ({ongoing}) must be above "
                             f"http.max_in_flight ({limit}): room for health probes and the Router's own fast 503s")
+        if limit:
+            problems += [f"application '{name}': {p}" for p in _queue_problems(config, app.get("deployments") or [])]
     for problem in problems:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
     if not problems:
         print(f"{args.file}: {len(apps)} application(s) valid")
     return 2 if problems else 0
+
+
+def _queue_problems(config, deployments: list[dict]) -> list[str]:
+    """With an admission limit, a model deployment's queue (Serve's max_queued_requests, counted per
+    calling Router replica) must hold every call the requests one Router admits can have waiting on it
+    at once — not counting on the replicas' ongoing slots: Serve counts a call queued until its handle
+    has assigned it one, and at 24 admitted requests (48 encode calls against 16 ongoing + 32 queued)
+    the local app shed 37 of 528 requests at 0.9x capacity from the VisionEncoder's queue, after they
+    were admitted (benchmarks/README.md, capacity simulation, runs 62-67). Shed there, a request is
+    turned away after work was spent on it, which admission at the door exists to prevent."""
+    limit, calls = config.http.max_in_flight, calls_at_once(config.policy.speculative)
+    problems = []
+    for dep in deployments:
+        queued, n = dep.get("max_queued_requests", -1), calls.get(dep.get("name"), 0)
+        if n and queued != -1 and queued < n * limit:
+            problems.append(f"{dep['name']} max_queued_requests ({queued}) must hold the calls the "
+                            f"Router's admitted requests can have waiting on it at once: {n} per request x "
+                            f"http.max_in_flight ({limit}) = {n * limit}")
+    return problems
 
 
 def _policy_id(text: str) -> tuple[str, float | None]:

@@ -206,6 +206,14 @@ def longest_generation_tokens(config: TandemConfig) -> int:
     return max(limits.reasoning_max_tokens, limits.answer_max_tokens, limits.max_request_tokens)
 
 
+def calls_at_once(speculative: bool) -> dict[str, int]:
+    """The calls one request can have waiting on each model deployment at once: an encode per model
+    role, both started together; the small model's direct answer and, with policy.speculative, its
+    reasoning beside it; one large-model call at a time. A model deployment's queue must hold this
+    many per request its callers admit (`tandem validate-config`; the planner sizes them so)."""
+    return {"VisionEncoder": 2, "SmallReasoner": 2 if speculative else 1, "LargeAnswerer": 1}
+
+
 def limit_problems(config: TandemConfig) -> list[str]:
     """Cross-field invariants that one field's validation cannot see: a request that every HTTP limit
     admits must not be refused by a model server for its prompt's length; on vLLM, the longest prompt

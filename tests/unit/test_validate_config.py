@@ -42,7 +42,8 @@ def test_an_admission_limit_the_router_never_reaches_is_refused(tmp_path):
     assert out.returncode != 0
     assert "Router max_ongoing_requests (64) must be above http.max_in_flight (64)" in out.stderr
     ok = run_edited(tmp_path, "serve_config.yaml", "max_in_flight: 24", "max_in_flight: 63")
-    assert ok.returncode == 0, ok.stderr
+    # (63 admitted requests overflow the model queues, a separate check: the Router's bound holds.)
+    assert "Router max_ongoing_requests" not in ok.stderr and "max_queued_requests" in ok.stderr
 
 
 def test_deployment_names_match_what_the_builder_binds():
@@ -91,3 +92,27 @@ def test_vllm_cpu_config_is_valid_and_its_engine_limits_are_checked(tmp_path):
     assert "small.vllm.max_model_len (4300) is below limits.max_prompt_tokens (4096) + the longest generation (256): 4352" in out.stderr
     assert "large.vllm" not in out.stderr
     assert "selector.kind 'attention' needs the small model's attention weights" in out.stderr
+
+
+def test_a_model_queue_that_cannot_hold_what_the_router_admits_is_refused(tmp_path):
+    """Each admitted request encodes once per model role, both at once: the VisionEncoder's queue must
+    hold 2 x max_in_flight calls, the generators' one per request (two on the small model when its
+    reasoning is speculative), or a model deployment sheds requests the Router already admitted."""
+    vision = ("max_ongoing_requests: 48\n        max_queued_requests: 64\n        backpressure_config: {retry_after_s: 2}\n"
+              "        ray_actor_options: {num_cpus: 0}\n        user_config: {max_batch_size: 8, batch_wait_timeout_s: 0.005")
+    out = run_edited(tmp_path, "serve_config.yaml", vision, vision.replace("max_queued_requests: 64", "max_queued_requests: 47"))
+    assert out.returncode != 0
+    assert ("VisionEncoder max_queued_requests (47) must hold the calls the Router's admitted requests can have "
+            "waiting on it at once: 2 per request x http.max_in_flight (24) = 48") in out.stderr
+    assert run_edited(tmp_path, "serve_config.yaml", vision,
+                      vision.replace("max_queued_requests: 64", "max_queued_requests: 48")).returncode == 0
+    # The small model's queue (32) holds one call per admitted request, not two: speculative reasoning breaks it.
+    out = run_edited(tmp_path, "serve_config.yaml", "speculative: false", "speculative: true")
+    assert out.returncode != 0
+    assert "SmallReasoner max_queued_requests (32) must hold" in out.stderr and "2 per request" in out.stderr
+    assert "LargeAnswerer" not in out.stderr
+    # Without an admission limit there is nothing the Router promised to hold (the GPU configs).
+    unlimited = tmp_path / "unlimited.yaml"
+    unlimited.write_text((ROOT / "serve_config.yaml").read_text().replace("max_in_flight: 24", "max_in_flight: null")
+                         .replace(vision, vision.replace("max_queued_requests: 64", "max_queued_requests: 32")))
+    assert run(unlimited).returncode == 0
