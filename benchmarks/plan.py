@@ -18,7 +18,8 @@ a Router replica's share of the rate times the SLO (by Little's law, past that m
 flight the mean one waits longer than the SLO, so they are turned away rather than queued), below
 the Router's `max_ongoing_requests`; `--keep-admission` plans with the config's limit instead.
 Writes a serve-config overlay (`num_replicas` per deployment, the admission limit; `--base` merges
-it into a whole config). `--sanity` also simulates the plan with one replica fewer in its busiest GPU
+it into a whole config, whose model queues it raises to hold what the limit admits, as `tandem
+validate-config` requires — and as the plan was simulated). `--sanity` also simulates the plan with one replica fewer in its busiest GPU
 pool (it should miss) and plans twice the rate (the GPUs should roughly double). Ends with one JSON
 line.
 """
@@ -36,6 +37,8 @@ import yaml
 
 from benchmarks.simulate import (GENERATORS, POOLS, PoolSettings, Profile, Workload, add_workload_args, settings_for,
                                  simulate, workload_for)
+from tandem.cli import read_tandem_args
+from tandem.config import calls_at_once, load_tandem_config
 
 
 def lower_bound(profile: Profile, workload: Workload, settings: dict[str, PoolSettings], rate: float) -> dict[str, int]:
@@ -66,6 +69,13 @@ def admission_limit(rate: float, routers: int, p95_ms: float, max_ongoing: int) 
     return max(1, min(math.ceil(rate / routers * p95_ms / 1000), max_ongoing - 1))
 
 
+def queue_to_hold(queued: int, calls: int, limit: int | None) -> int:
+    """A model deployment's max_queued_requests for an admission limit: raised to the calls `limit`
+    admitted requests can have waiting on it at once where it is lower (the rule `tandem
+    validate-config` enforces: below it, the deployment sheds requests the Router admitted)."""
+    return queued if queued == -1 or not limit or queued >= calls * limit else calls * limit
+
+
 def router_slots(settings: PoolSettings) -> int:
     """Requests a Router replica holds at once: Serve's limit, or the app's admission limit if lower."""
     return min(settings.max_ongoing, settings.admit) if settings.admit else settings.max_ongoing
@@ -78,8 +88,9 @@ def gpus(replicas: dict[str, int], settings: dict[str, PoolSettings]) -> float:
 class Planner:
     def __init__(self, profile: Profile, workload: Workload, settings: dict[str, PoolSettings], *, p95_ms: float,
                  max_rejection: float = 0.001, duration_s: float = 30.0, seed: int = 0, host_cores=None,
-                 size_admission: bool = True, verbose: bool = True):
+                 size_admission: bool = True, verbose: bool = True, calls: dict[str, int] | None = None):
         self.profile, self.workload, self.settings = profile, workload, settings
+        self.calls = calls or calls_at_once(speculative=False)  # per request, on each model deployment
         self.size_admission = size_admission
         self.p95_ms, self.max_rejection = p95_ms, max_rejection
         self.duration_s, self.seed, self.host_cores, self.verbose = duration_s, seed, host_cores, verbose
@@ -105,7 +116,10 @@ class Planner:
             return self.settings
         router = self.settings["Router"]
         limit = admission_limit(rate, replicas["Router"], self.p95_ms, router.max_ongoing)
-        return {**self.settings, "Router": dataclasses.replace(router, admit=limit)}
+        # The model queues as the written config will have them: holding what the Routers admit.
+        return {**self.settings, "Router": dataclasses.replace(router, admit=limit),
+                **{n: dataclasses.replace(self.settings[n], max_queued=queue_to_hold(self.settings[n].max_queued, k, limit))
+                   for n, k in self.calls.items()}}
 
     def meets(self, r: dict) -> bool:
         return r["completed"] > 0 and r["p95_ms"] <= self.p95_ms and r["rejection_rate"] <= self.max_rejection
@@ -172,7 +186,7 @@ def busiest_gpu_pool(result: dict, settings: dict[str, PoolSettings]) -> str:
 
 def overlay(replicas: dict[str, int], base: dict | None = None, max_in_flight: int | None = None) -> dict:
     """The plan as a serve config: `base` with each deployment's replicas (and the Routers' admission
-    limit, if given) fixed, or just the overlay."""
+    limit, if given, with the model queues that hold what it admits) fixed, or just the overlay."""
     if base is None:
         app = {"name": "tandem", "deployments": [{"name": n, "num_replicas": replicas[n]} for n in POOLS]}
         if max_in_flight is not None:
@@ -186,6 +200,10 @@ def overlay(replicas: dict[str, int], base: dict | None = None, max_in_flight: i
             d["num_replicas"] = replicas[d["name"]]
     if max_in_flight is not None:
         app.setdefault("args", {}).setdefault("http", {})["max_in_flight"] = max_in_flight
+        calls = calls_at_once(bool(((app.get("args") or {}).get("policy") or {}).get("speculative")))
+        for d in app["deployments"]:
+            if d["name"] in calls and "max_queued_requests" in d:
+                d["max_queued_requests"] = queue_to_hold(d["max_queued_requests"], calls[d["name"]], max_in_flight)
     return config
 
 
@@ -210,7 +228,8 @@ def main(argv=None) -> int:
     print(f"profile {args.profile} ({profile.source.get('device', '?')}); workload: {workload.describe()}")
     planner = Planner(profile, workload, settings, p95_ms=args.p95_ms, max_rejection=args.max_rejection,
                       duration_s=duration, seed=args.seed, host_cores=args.host_cores,
-                      size_admission=not args.keep_admission)
+                      size_admission=not args.keep_admission,
+                      calls=calls_at_once(load_tandem_config(read_tandem_args(args.config)).policy.speculative))
     replicas, result = planner.plan(args.rate)
     max_in_flight = planner.settings_for(replicas, args.rate)["Router"].admit
     summary = {"benchmark": "plan", "rate_rps": args.rate, "p95_slo_ms": args.p95_ms,

@@ -27,13 +27,17 @@ then:
    its `source`), the cores the machine's other processes kept busy over it (`others`), how much
    slower the machine ran over it than while profiling (`machine`), and the errors the simulation at
    the profile's speed would have had (`(model …x)`: the canary's model unit's slowdown).
-Writes results/sim-check-*/{sim_check.json,profile.json} and ends with one JSON line.
+Each load also records where its 503s came from (`turned_away`: the Router's door, a model
+deployment's queue, Serve's proxy). Writes results/sim-check-*/{sim_check.json,profile.json} and
+ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import dataclasses
 import json
 import math
 import os
@@ -48,7 +52,7 @@ from benchmarks.cpu_per_request import app_processes, cpu_seconds, machine_busy_
 from benchmarks.grid import grid_items
 from benchmarks.machine_speed import Canary, slower
 from benchmarks.metrics import percentile
-from benchmarks.simulate import Profile, Workload, app_cores, settings_from_config, simulate
+from benchmarks.simulate import PoolSettings, Profile, Workload, app_cores, settings_from_config, simulate
 from benchmarks.stage_profile import Traces
 
 
@@ -56,8 +60,19 @@ def bodies(n: int, seed: int) -> list[dict]:
     return [item_body(item) for item in grid_items(n, seed=seed)]
 
 
-async def _post(http: httpx.AsyncClient, url: str, body: dict, traces: Traces | None = None
-                ) -> tuple[int | str, float, float]:
+def turned_away_by(body: str) -> str:
+    """Where a 503 came from, by its body: the Router's door (`http.max_in_flight`, before any work),
+    a model deployment's queue (the Router passes its refusal on, after the request's earlier stages
+    ran), or Serve's proxy (the Router's own queue: plain text)."""
+    if "this server is answering" in body:
+        return "door"
+    if "a model deployment is at capacity" in body:
+        return "model_queue"
+    return "proxy" if "Request dropped due to backpressure" in body else "other"
+
+
+async def _post(http: httpx.AsyncClient, url: str, body: dict, traces: Traces | None = None,
+                turned_away: collections.Counter | None = None) -> tuple[int | str, float, float]:
     start = time.monotonic()
     try:
         r = await http.post(f"{url}/v1/chat/completions", json=body)
@@ -67,34 +82,36 @@ async def _post(http: httpx.AsyncClient, url: str, body: dict, traces: Traces | 
     end = time.monotonic()
     if status == 200 and traces is not None:
         traces.add(r.json()["tandem"])
+    if status == 503 and turned_away is not None:
+        turned_away[turned_away_by(r.text)] += 1
     return status, (end - start) * 1000, end
 
 
 async def closed_loop(url: str, items: list[dict], concurrency: int, duration_s: float) -> dict:
     """`concurrency` clients for `duration_s`; the first 10 % of the time is warm-up, not counted."""
-    records, start, counter, traces = [], time.monotonic(), iter(range(10**9)), Traces()
+    records, start, counter, traces, away = [], time.monotonic(), iter(range(10**9)), Traces(), collections.Counter()
 
     async def client(http):
         while time.monotonic() - start < duration_s:
-            records.append(await _post(http, url, items[next(counter) % len(items)], traces))
+            records.append(await _post(http, url, items[next(counter) % len(items)], traces, away))
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
     return {**_summary(records, start + 0.1 * duration_s, start + duration_s), "workload": traces.workload(),
-            "answered": sum(1 for status, _, _ in records if status == 200)}
+            "answered": sum(1 for status, _, _ in records if status == 200), "turned_away": dict(away)}
 
 
 async def open_loop(url: str, items: list[dict], rate: float, duration_s: float, seed: int) -> dict:
-    tasks, start, traces = [], time.monotonic(), Traces()
+    tasks, start, traces, away = [], time.monotonic(), Traces(), collections.Counter()
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as http:
         async for _ in poisson_sends(rate, seed, duration_s):
             body = items[len(tasks) % len(items)]
-            tasks.append(asyncio.ensure_future(_timed(_post(http, url, body, traces), time.monotonic())))
+            tasks.append(asyncio.ensure_future(_timed(_post(http, url, body, traces, away), time.monotonic())))
         records = await asyncio.gather(*tasks)
     # The send times, for the simulator to replay: a minute of Poisson arrivals near saturation is a
     # draw (which bursts come when), and the two should be compared on the same one.
     return {**open_loop_summary(records, start, duration_s), "workload": traces.workload(),
-            "answered": sum(1 for _, (status, _, _) in records if status == 200),
+            "answered": sum(1 for _, (status, _, _) in records if status == 200), "turned_away": dict(away),
             "offered_rps": round(len(records) / duration_s, 3),
             "arrivals_s": [round(sent - start, 6) for sent, _ in records]}
 
@@ -273,6 +290,7 @@ def summary_line(rows: list[dict], profile_dict: dict, tolerance: float, **extra
                                    "measured_rps": r["measured"]["throughput_rps"],
                                    "simulated_rps": r["simulated"]["throughput_rps"],
                                    "measured_p50_ms": r["measured"]["p50_ms"], "simulated_p50_ms": r["simulated"]["p50_ms"],
+                                   "turned_away": r["measured"].get("turned_away"),
                                    "cpu_vs_profile": r["cpu_vs_profile"], "steal": r["measured"].get("steal"),
                                    "others_cores": r["measured"].get("others_cores"), "app_cores": r.get("app_cores"),
                                    "machine_slower": r.get("machine_slower"),
@@ -283,6 +301,20 @@ def summary_line(rows: list[dict], profile_dict: dict, tolerance: float, **extra
                        "profile_canary_ms": profile_dict["source"].get("canary_ms"),
                        "profile_canary_torch_ms": profile_dict["source"].get("canary_torch_ms"),
                        "profile_others_cores": profile_dict.get("cpu_ms_per_request_busy", {}).get("others_cores")})
+
+
+# The deployments' settings of every saved run before they were recorded with it (runs 25-61): the
+# serve config as those runs measured it.
+SETTINGS_BEFORE_RUN_62 = ROOT / "benchmarks" / "runs" / "serve_config.runs-25-61.yaml"
+
+
+def run_settings(saved: dict) -> dict[str, PoolSettings]:
+    """The pools' settings a saved run measured the app with: recorded in it (since run 62), else those
+    of the runs before — not today's config, which may have changed since (session 32 raised the
+    model deployments' max_ongoing_requests and the VisionEncoder's queue)."""
+    if "settings" in saved:
+        return {name: PoolSettings(**d) for name, d in saved["settings"].items()}
+    return settings_from_config(SETTINGS_BEFORE_RUN_62)
 
 
 def resimulate(run_dir: Path, duration: float, tolerance: float, others_cores: float | None = None,
@@ -298,8 +330,7 @@ def resimulate(run_dir: Path, duration: float, tolerance: float, others_cores: f
         print(f"assumed: the machine's other processes kept {others_cores} cores busy (not in this profile)")
     saved = json.loads((run_dir / "sim_check.json").read_text())
     points = [{k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"]]
-    rows = compare(profile_dict, points, settings_from_config(ROOT / "serve_config.yaml"), duration,
-                   saved["host_cores"], tolerance, model_unit)
+    rows = compare(profile_dict, points, run_settings(saved), duration, saved["host_cores"], tolerance, model_unit)
     print_table(rows)
     print(summary_line(rows, profile_dict, tolerance, resimulated=str(run_dir), model_unit=model_unit,
                        **({"assumed_others_cores": others_cores} if assumed else {})))
@@ -391,7 +422,9 @@ def main(argv=None) -> int:
     out = Path(args.out) / f"sim-check-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(profile_dict, indent=1))
-    (out / "sim_check.json").write_text(json.dumps({"points": rows, "host_cores": args.host_cores}, indent=1))
+    (out / "sim_check.json").write_text(json.dumps({"points": rows, "host_cores": args.host_cores,
+                                                    "settings": {n: dataclasses.asdict(s) for n, s in settings.items()}},
+                                                   indent=1))
     print(f"results: {out}")
     print(summary_line(rows, profile_dict, args.tolerance))
     return 0

@@ -4,6 +4,7 @@ where the arithmetic is known, batching, queue limits, shared cores, and plans t
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import yaml
@@ -227,6 +228,38 @@ def test_overlay_fixes_replicas_and_drops_autoscaling():
     assert sized["args"]["http"]["max_images"] == base["applications"][0]["args"]["http"]["max_images"]
     assert "max_in_flight" not in base["applications"][0]["args"]["http"]
     assert overlay(plan, max_in_flight=40)["applications"][0]["args"] == {"http": {"max_in_flight": 40}}
+
+
+def test_a_planned_admission_limit_comes_with_model_queues_that_hold_it(tmp_path):
+    """The planner sizes a Router's limit up to 255 in flight: the whole config it writes raises each
+    model queue to the calls so many requests can have waiting at once (two encodes each), as
+    `tandem validate-config` requires, and simulates the plan with those queues."""
+    import subprocess
+    import sys
+
+    base = yaml.safe_load((ROOT / "serve_config.gpu.yaml").read_text())
+    plan = {"Router": 2, "VisionEncoder": 3, "SmallReasoner": 4, "LargeAnswerer": 5}
+    whole = overlay(plan, base, max_in_flight=255)
+    queued = {d["name"]: d.get("max_queued_requests") for d in whole["applications"][0]["deployments"]}
+    assert queued == {"Router": 1024, "VisionEncoder": 510, "SmallReasoner": 256, "LargeAnswerer": 256}
+
+    def validate(config: dict):
+        path = tmp_path / "plan.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return subprocess.run([sys.executable, "-m", "tandem.cli", "validate-config", str(path)],
+                              capture_output=True, text=True)
+
+    assert validate(whole).returncode == 0
+    unraised = overlay(plan, base)
+    unraised["applications"][0]["args"]["http"]["max_in_flight"] = 255
+    assert "VisionEncoder max_queued_requests (256)" in validate(unraised).stderr
+
+    planner = Planner(profile(), Workload.mutual(0.3, AGREE), settings(max_ongoing=64, max_queued=8), p95_ms=300,
+                      verbose=False)
+    sized = planner.settings_for({"Router": 1, "VisionEncoder": 1, "SmallReasoner": 1, "LargeAnswerer": 1}, 200)
+    assert sized["Router"].admit == 60  # 200 req/s x 0.3 s
+    assert (sized["VisionEncoder"].max_queued, sized["SmallReasoner"].max_queued,
+            sized["LargeAnswerer"].max_queued) == (120, 60, 60)
 
 
 def test_measured_cpu_the_stages_do_not_account_for_loads_shared_cores_only():
@@ -661,3 +694,42 @@ def test_a_profile_measured_under_steal_is_taken_as_that_much_longer_than_its_wo
     [b] = compare(stolen, [copy.deepcopy(c1)], cfg, 20.0, 2, 0.25)
     assert b["simulated"]["p50_ms"] < 0.95 * a["simulated"]["p50_ms"]
     assert b["simulated"]["throughput_rps"] > a["simulated"]["throughput_rps"] * 1.05
+
+
+def test_a_503_is_told_apart_by_where_it_was_turned_away():
+    """sim_check counts each load's 503s by where they came from, from the bodies the app sends: the
+    Router's door (its admission limit), a model deployment's queue passed on by the Router, Serve's
+    proxy (the Router's own queue, plain text)."""
+    from ray.serve.exceptions import BackPressureError
+
+    from benchmarks.sim_check import turned_away_by
+    from tandem.admission import Admission
+    from tandem.errors import Overloaded
+
+    gate = Admission(1)
+    gate.enter()
+    with pytest.raises(Overloaded) as door:
+        gate.enter()
+    assert turned_away_by(json.dumps(door.value.to_openai())) == "door"
+    refusal = BackPressureError(num_queued_requests=32, max_queued_requests=32).message
+    router = (ROOT / "deployments" / "router.py").read_text()
+    assert 'Overloaded(f"a model deployment is at capacity: {err}"' in router  # the Router passes it on so
+    model = Overloaded(f"a model deployment is at capacity: {refusal}")
+    assert turned_away_by(json.dumps(model.to_openai())) == "model_queue"
+    assert turned_away_by(refusal) == "proxy"
+    assert turned_away_by("upstream connect error") == "other"
+
+
+def test_a_saved_run_is_resimulated_with_the_settings_it_measured():
+    """Runs since 62 record their pools' settings; the runs before take the serve config they ran
+    (kept beside them), not today's, whose model deployments take more at once since session 32."""
+    from benchmarks.sim_check import run_settings
+
+    runs = ROOT / "benchmarks" / "runs"
+    before = run_settings(json.loads((runs / "sim-check-2026-12-04" / "run61" / "sim_check.json").read_text()))
+    assert (before["VisionEncoder"].max_ongoing, before["VisionEncoder"].max_queued) == (16, 32)
+    assert before["Router"].admit == 24
+    recorded = json.loads((runs / "sim-check-2026-12-04" / "run62" / "sim_check.json").read_text())
+    assert run_settings(recorded)["VisionEncoder"] == PoolSettings(**recorded["settings"]["VisionEncoder"])
+    assert settings_from_config(ROOT / "serve_config.yaml")["VisionEncoder"].max_ongoing == 48 == \
+        run_settings(recorded)["VisionEncoder"].max_ongoing
