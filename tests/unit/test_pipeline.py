@@ -288,3 +288,42 @@ async def test_features_lost_twice_fail_the_request_with_a_503():
     with pytest.raises(FeaturesLost) as err:
         await ask(pipeline, "large")
     assert err.value.status == 503 and len(calls) == 2
+
+
+def _counting(stages: Stages, peaks: dict) -> Stages:
+    """The stages, each call held a moment (so calls that can overlap do), counting the most calls
+    one request has out on each model deployment at once."""
+    out = {"VisionEncoder": 0, "SmallReasoner": 0, "LargeAnswerer": 0}
+
+    def counted(name, call):
+        async def run(*args, **kw):
+            out[name] += 1
+            peaks[name] = max(peaks.get(name, 0), out[name])
+            try:
+                await asyncio.sleep(0.01)
+                return await call(*args, **kw)
+            finally:
+                out[name] -= 1
+        return run
+
+    return Stages(encode=counted("VisionEncoder", stages.encode), small=counted("SmallReasoner", stages.small),
+                  large=counted("LargeAnswerer", stages.large))
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+async def test_no_policy_has_more_calls_out_at_once_than_the_model_queues_are_sized_for(speculative):
+    """`tandem validate-config` sizes each model deployment's queue by `calls_at_once` per admitted
+    request; every policy, on either path, stays within it — and mutual reaches it."""
+    from tandem.config import POLICY_NAMES, calls_at_once
+
+    limits = calls_at_once(speculative)
+    cfg = load_tandem_config({"policy": {"speculative": speculative, "confidence_threshold": 1.0}})
+    for policy in POLICY_NAMES:
+        for small, large in (("A", "A"), ("A", "B")):  # agree, disagree
+            _, eng = make(cfg, small=small, large=large)
+            peaks: dict = {}
+            await Pipeline(cfg, _counting(local_stages(eng), peaks)).answer(
+                AskRequest(question="How many legs?", images=IMAGES, policy=policy))
+            assert all(peaks.get(name, 0) <= n for name, n in limits.items()), (policy, small, large, peaks)
+            if policy == "mutual":
+                assert peaks["VisionEncoder"] == 2 and peaks["SmallReasoner"] == limits["SmallReasoner"]
