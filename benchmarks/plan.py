@@ -38,7 +38,7 @@ import yaml
 from benchmarks.simulate import (GENERATORS, POOLS, PoolSettings, Profile, Workload, add_workload_args, settings_for,
                                  simulate, workload_for)
 from tandem.cli import read_tandem_args
-from tandem.config import calls_at_once, load_tandem_config
+from tandem.config import calls_at_once, load_tandem_config, queue_to_hold
 
 
 def lower_bound(profile: Profile, workload: Workload, settings: dict[str, PoolSettings], rate: float) -> dict[str, int]:
@@ -67,13 +67,6 @@ def admission_limit(rate: float, routers: int, p95_ms: float, max_ongoing: int) 
     max_ongoing_requests, or Serve would queue before the Router could turn anything away (the rule
     `tandem validate-config` enforces)."""
     return max(1, min(math.ceil(rate / routers * p95_ms / 1000), max_ongoing - 1))
-
-
-def queue_to_hold(queued: int, calls: int, limit: int | None) -> int:
-    """A model deployment's max_queued_requests for an admission limit: raised to the calls `limit`
-    admitted requests can have waiting on it at once where it is lower (the rule `tandem
-    validate-config` enforces: below it, the deployment sheds requests the Router admitted)."""
-    return queued if queued == -1 or not limit or queued >= calls * limit else calls * limit
 
 
 def router_slots(settings: PoolSettings) -> int:
@@ -200,7 +193,7 @@ def overlay(replicas: dict[str, int], base: dict | None = None, max_in_flight: i
             d["num_replicas"] = replicas[d["name"]]
     if max_in_flight is not None:
         app.setdefault("args", {}).setdefault("http", {})["max_in_flight"] = max_in_flight
-        calls = calls_at_once(bool(((app.get("args") or {}).get("policy") or {}).get("speculative")))
+        calls = calls_at_once(load_tandem_config(app.get("args")).policy.speculative)
         for d in app["deployments"]:
             if d["name"] in calls and "max_queued_requests" in d:
                 d["max_queued_requests"] = queue_to_hold(d["max_queued_requests"], calls[d["name"]], max_in_flight)

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from tandem.config import (DEPLOYMENT_NAMES, POLICY_NAMES, ROUTER_MAX_ONGOING, calls_at_once, limit_problems,
-                           load_tandem_config)
+                           load_tandem_config, queue_to_hold)
 from tandem.errors import TandemError
 from tandem.policies import parse_policy_id
 
@@ -112,7 +112,7 @@ def _queue_problems(config, deployments: list[dict]) -> list[str]:
     problems = []
     for dep in deployments:
         queued, n = dep.get("max_queued_requests", -1), calls.get(dep.get("name"), 0)
-        if n and queued != -1 and queued < n * limit:
+        if n and queue_to_hold(queued, n, limit) != queued:
             problems.append(f"{dep['name']} max_queued_requests ({queued}) must hold the calls the "
                             f"Router's admitted requests can have waiting on it at once: {n} per request x "
                             f"http.max_in_flight ({limit}) = {n * limit}")

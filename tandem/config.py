@@ -214,6 +214,14 @@ def calls_at_once(speculative: bool) -> dict[str, int]:
     return {"VisionEncoder": 2, "SmallReasoner": 2 if speculative else 1, "LargeAnswerer": 1}
 
 
+def queue_to_hold(queued: int, calls: int, limit: int | None) -> int:
+    """A model deployment's max_queued_requests (per calling Router) that holds the `calls` each of
+    `limit` admitted requests can have waiting on it at once: `queued` where it already does (or is
+    unbounded, -1, or there is no limit), else calls x limit. Below it, the deployment sheds requests
+    the Router admitted; `tandem validate-config` refuses that, and the planner writes this."""
+    return queued if queued == -1 or not limit or queued >= calls * limit else calls * limit
+
+
 def limit_problems(config: TandemConfig) -> list[str]:
     """Cross-field invariants that one field's validation cannot see: a request that every HTTP limit
     admits must not be refused by a model server for its prompt's length; on vLLM, the longest prompt
