@@ -23,11 +23,15 @@ What is modelled, as the app does it (DESIGN §13):
   of N clients (the last two to check against a load test).
 
 `--host-cores N` models replicas that share N CPU cores (the local CPU app), less the cores the
-profile found the machine's other processes (Ray's daemons) kept busy (`others_cores`): work that
-starts while k threads compute runs max(1, k / N) times slower. A model loop is one thread; the
-calls' overheads and the Router's work run on the event loops' threads (the client's, the proxy's,
-the Router's: `OVERHEAD_THREADS`), which the due overheads share — twelve at once are three threads
-on the cores, each overhead at a quarter of its thread.
+profile found the machine's other processes (Ray's daemons) kept busy (`others_cores`), as the
+OS shares cores among runnable threads — processor sharing (`_Cores`): everything running at once
+progresses together, each thread at min(1, N / threads) of a core, recomputed whenever an activity
+starts or ends, so the work done per second never exceeds the cores (until 2026-12-04 each activity's
+slowdown was fixed when it started, and at concurrency 16 the simulated app got ~1.35 cores' work
+done per core: benchmarks/README.md, runs 53–68 re-simulated). A model loop is one thread; the
+calls' overheads and the Router's work run on the event loops' threads — the client's, the proxy's
+and every replica's own (a replica's model work runs on a thread beside its event loop) — which the
+due overheads share: twelve at once on six loops are six threads, each overhead at half of one.
 Given the machine's own speed over a load against the profile's (`slower`, per `slower_step_s`, as a
 canary process beside the app measured it: `benchmarks/machine_speed.py`), every CPU activity on the
 shared cores runs that much slower from the step it was measured in — the model loops' work by
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import heapq
 import json
 import math
 import random
@@ -70,10 +75,11 @@ PROFILE_KIND = "tandem-stage-profile"
 POOLS = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
 GENERATORS = {"small": "SmallReasoner", "large": "LargeAnswerer"}
 ROLES = ("small", "large")
-# With shared cores: the threads a request's calls' overheads and the Router's work run on — the
-# client's, the proxy's and the Router's event loops, each one thread however many requests are due
-# on it (measured CPU that no stage accounts for runs beside the request as an activity of its own).
-OVERHEAD_THREADS = 3
+# With shared cores: the event loops a request's calls' overheads and the Router's work run on besides
+# every replica's own — the load client's and Serve's proxy's — each one thread however many
+# requests are due on it (measured CPU that no stage accounts for runs beside the request as an
+# activity of its own).
+OUTSIDE_LOOPS = 2
 
 
 # --- the profile ------------------------------------------------------------------------------------
@@ -313,12 +319,12 @@ class _Job:
 
 
 class _Replica:
-    __slots__ = ("pool", "index", "ongoing", "queue", "wake", "full", "busy_until", "compute_s")
+    __slots__ = ("pool", "index", "ongoing", "queue", "wake", "full", "compute_s")
 
     def __init__(self, pool: _Pool, index: int):
         self.pool, self.index = pool, index
         self.ongoing, self.queue, self.wake, self.full = 0, deque(), None, None
-        self.busy_until, self.compute_s = 0.0, 0.0
+        self.compute_s = 0.0
 
 
 class _Pool:
@@ -373,6 +379,85 @@ def app_cores(host_cores: float, profile: Profile) -> float:
     return max(0.5, host_cores - profile.others_cores)
 
 
+class _Cores:
+    """Shared cores as processor sharing: every CPU activity on them runs at once, each at its share,
+    recomputed whenever one starts or ends or the machine's measured speed changes — so the work they
+    get done per second never exceeds the cores. Three classes of activity: a model loop's work
+    (`model`, one thread each), CPU that runs beside a request as an activity of its own (`other`,
+    one thread each), and call overheads with the Router's work (`overhead`), which share the event
+    loops' threads (`loops`: the client's, the proxy's, every replica's): n of them due at once take
+    min(n, loops) threads, each loops/n of one where n is more.
+    With T threads wanting the cores' C, each thread runs at min(1, C/T) of a core, divided by the
+    machine's slowdown then (the model unit's for `model`). Per class, `served` is the work one of its
+    activities has got done since the start: an activity started at s with w to do ends when the
+    class's `served` reaches s + w."""
+
+    CLASSES = ("model", "other", "overhead")
+
+    def __init__(self, sim: Simulation, cores: float, loops: int):
+        self.sim, self.env, self.cores, self.loops = sim, sim.env, cores, loops
+        self.served = dict.fromkeys(self.CLASSES, 0.0)
+        self.due: dict[str, list] = {c: [] for c in self.CLASSES}  # heaps of (served at the end, seq, done)
+        self.rate = dict.fromkeys(self.CLASSES, 0.0)
+        self.last, self._seq, self._timer = 0.0, 0, 0
+
+    def count(self, cls: str) -> int:
+        return len(self.due[cls])
+
+    def rates(self) -> dict[str, float]:
+        """Each class's rate now: work seconds an activity of it gets done per second."""
+        n_over = self.count("overhead")
+        threads = self.count("model") + self.count("other") + min(n_over, self.loops)
+        share = min(1.0, self.cores / threads) if threads else 1.0
+        machine, machine_model = self.sim._machine(), self.sim._machine(model=True)
+        return {"model": share / machine_model, "other": share / machine,
+                "overhead": share * min(n_over, self.loops) / n_over / machine if n_over else share / machine}
+
+    def run(self, work_s: float, cls: str, done) -> None:
+        """`done()` once `work_s` seconds of this machine's work at the profile's speed has run."""
+        self._advance()
+        self._seq += 1
+        heapq.heappush(self.due[cls], (self.served[cls] + work_s, self._seq, done))
+        self._schedule()
+
+    def _advance(self) -> None:
+        dt = self.env.now - self.last
+        if dt > 0:
+            for c in self.CLASSES:
+                self.served[c] += dt * self.rate[c]
+        self.last = self.env.now
+
+    def _schedule(self) -> None:
+        self.rate = self.rates()
+        wait = math.inf
+        for c in self.CLASSES:
+            if self.due[c]:
+                wait = min(wait, max(0.0, self.due[c][0][0] - self.served[c]) / self.rate[c])
+        sim = self.sim
+        if sim.slower and wait < math.inf:  # the machine's speed changes at the next step, if it has one
+            step = int(self.env.now / sim.slower_step_s) + 1
+            if step < max(len(sim.slower), len(sim.slower_model)):
+                wait = min(wait, max(0.0, step * sim.slower_step_s - self.env.now))
+        if wait == math.inf:
+            return
+        self._timer += 1
+        timer = self._timer
+        self.env.timeout(wait).callbacks.append(lambda _e: self._wake(timer))
+
+    def _wake(self, timer: int) -> None:
+        if timer != self._timer:  # superseded by a later start or end
+            return
+        self._advance()
+        finished = []
+        for c in self.CLASSES:
+            heap = self.due[c]
+            while heap and heap[0][0] <= self.served[c] + 1e-12:
+                finished.append(heapq.heappop(heap)[2])
+        self._schedule()
+        for done in finished:
+            done()
+
+
 class Simulation:
     """One run: `Simulation(profile, workload, replicas, settings).run(rate=R, duration_s=D)`."""
 
@@ -393,8 +478,7 @@ class Simulation:
         self.slower_model = list(slower_model) if slower_model else self.slower
         self.rng = random.Random(seed)
         self.env = simpy.Environment()
-        self.computing = 0  # model loops computing now, and measured CPU no stage accounts for
-        self.overhead = 0   # call overheads and the Router's work running now, on the event loops' threads
+        self.cores: _Cores | None = None  # with shared cores, once the pools are built; own devices: none
         n_routers = replicas.get("Router", 1)
         self.pools = {}
         for name in POOLS:
@@ -402,6 +486,9 @@ class Simulation:
             callers = 1 if name == "Router" else n_routers  # Serve bounds the queue per calling handle
             limit = -1 if s.max_queued < 0 else s.max_queued * callers
             self.pools[name] = _Pool(self, name, max(1, replicas.get(name, 1)), s, limit)
+        if self.host_cores:
+            loops = OUTSIDE_LOOPS + sum(len(p.replicas) for p in self.pools.values())
+            self.cores = _Cores(self, self.host_cores, loops)
         for pool in self.pools.values():
             if pool.name == "Router":
                 continue
@@ -433,7 +520,7 @@ class Simulation:
         req.in_flight = True
         extra = self._unaccounted_at(self.in_flight)
         if extra:  # the rest of the request's measured CPU, beside its critical path
-            self._cpu_while(0.0, extra * self._slowdown(1), lambda: None, threaded=False)
+            self._cpu(extra, "other", lambda: None)
 
     def _unaccounted_cpu_s(self) -> tuple[float, float, int]:
         """With shared cores and a measured CPU per request: that CPU less what the simulation charges
@@ -477,20 +564,28 @@ class Simulation:
         return by_in_flight(*self._unaccounted, in_flight)
 
     def on_assigned(self, pool: _Pool, job, replica: _Replica) -> None:
-        now = self.env.now
         if pool.name == "Router":  # job is the request itself: the Router's CPU, one request at a time
-            start = max(now, replica.busy_until)
-            seconds = self.profile.router_ms / 1000 * self._overhead_slowdown(serial=True)
-            replica.busy_until = start + seconds
-            replica.compute_s += seconds
-            pool.queue_s.append(start - job.arrived)
-            self._cpu_while(start - now, seconds, lambda r=job: self._next_phase(r))
+            replica.queue.append(job)
+            if len(replica.queue) == 1:
+                self._route(replica)
             return
         replica.queue.append(job)
         if replica.wake is not None and not replica.wake.triggered:
             replica.wake.succeed()
         if replica.full is not None and not replica.full.triggered and len(replica.queue) >= pool.settings.max_batch_size:
             replica.full.succeed()
+
+    def _route(self, replica: _Replica) -> None:
+        """The Router's own work for the request first in its replica's queue, then the next."""
+        req = replica.queue[0]
+        replica.pool.queue_s.append(self.env.now - req.arrived)
+
+        def done():
+            replica.queue.popleft()
+            if replica.queue:
+                self._route(replica)
+            self._next_phase(req)
+        self._cpu(self.profile.router_ms / 1000, "overhead", done, replica)
 
     def _next_phase(self, req: _Request) -> None:
         if req.failed:
@@ -506,7 +601,7 @@ class Simulation:
                 req.pending += 1
                 overhead = self.profile.call_ms["encode" if call.kind == "vision" else "generate"] / 1000
                 if overhead:  # the call's RPC and feature fetch come before the replica sees it
-                    self._cpu_while(0.0, overhead * self._overhead_slowdown(), lambda c=call: self._submit(req, c))
+                    self._cpu(overhead, "overhead", lambda c=call: self._submit(req, c))
                 elif not self._submit(req, call):
                     return
 
@@ -519,27 +614,6 @@ class Simulation:
             return False
         return True
 
-    def _threads(self, overhead: int) -> int:
-        """The threads on the shared cores: one per computing model loop, and the overhead
-        activities' threads — at most OVERHEAD_THREADS however many requests' overheads are due."""
-        return self.computing + min(overhead, OVERHEAD_THREADS)
-
-    def _slowdown(self, extra: int = 0, model: bool = False) -> float:
-        """How much slower work counted in `computing` runs now (a model loop's, already counted;
-        `extra` more not yet)."""
-        if not self.host_cores:
-            return 1.0
-        return max(1.0, (self._threads(self.overhead) + extra) / self.host_cores) * self._machine(model)
-
-    def _overhead_slowdown(self, serial: bool = False) -> float:
-        """How much slower one more overhead activity runs now: its thread's share of the cores,
-        and (unless it is already serialised, as the Router's is) its share of that thread."""
-        if not self.host_cores:
-            return 1.0
-        n = self.overhead + 1
-        threads = min(n, OVERHEAD_THREADS)
-        return max(1.0, self._threads(n) / self.host_cores) * (1.0 if serial else n / threads) * self._machine()
-
     def _machine(self, model: bool = False) -> float:
         """The machine's slowdown now against the profile's (1: as fast; only with shared cores), for
         a model loop's work or (not `model`) the rest."""
@@ -548,23 +622,20 @@ class Simulation:
             return 1.0
         return slower[min(int(self.env.now / self.slower_step_s), len(slower) - 1)]
 
-    def _cpu_while(self, delay_s: float, seconds: float, then, threaded: bool = True) -> None:
-        """`then()` after `delay_s` of waiting and `seconds` of CPU, counted while it runs among the
-        overhead activities on the event loops' threads (`threaded`) or, work that no one thread
-        carries, as one more activity of its own."""
-        attr = "overhead" if threaded else "computing"
+    def _cpu(self, seconds: float, cls: str, then, replica: _Replica | None = None) -> None:
+        """`then()` once `seconds` of CPU work (at the profile's speed) has run: on shared cores as
+        they share it among everything running (`_Cores`, class `cls`), on own devices in that time.
+        The time it took counts as `replica`'s compute time, if given."""
+        start = self.env.now
 
-        def start(_e=None):
-            setattr(self, attr, getattr(self, attr) + 1)
-            self.env.timeout(seconds).callbacks.append(finish)
-
-        def finish(_e):
-            setattr(self, attr, getattr(self, attr) - 1)
+        def done(_e=None):
+            if replica is not None:
+                replica.compute_s += self.env.now - start
             then()
-        if delay_s > 0:
-            self.env.timeout(delay_s).callbacks.append(start)
+        if self.cores is not None:
+            self.cores.run(seconds, cls, done)
         else:
-            start()
+            self.env.timeout(seconds).callbacks.append(done)
 
     def _job_done(self, job: _Job) -> None:
         job.replica.pool.release(job.replica)
@@ -594,12 +665,14 @@ class Simulation:
 
     # -- compute ---------------------------------------------------------------------------------
     def _compute(self, replica: _Replica, ms: float):
-        """A timeout for `ms` of work, slowed while more replicas compute than the host has cores."""
-        self.computing += 1
+        """An event that fires once `ms` of the replica's model work has run (`_cpu`)."""
         self.model_ms += ms
-        seconds = ms / 1000 * self._slowdown(model=True)
-        replica.compute_s += seconds
-        return seconds
+        if self.cores is None:  # own devices: that long (one event: a 10,000 req/s run has millions)
+            replica.compute_s += ms / 1000
+            return self.env.timeout(ms / 1000)
+        ran = self.env.event()
+        self._cpu(ms / 1000, "model", ran.succeed, replica)
+        return ran
 
     def _idle(self, replica: _Replica):
         replica.wake = self.env.event()
@@ -631,9 +704,7 @@ class Simulation:
                 counts[job.call.role] = counts.get(job.call.role, 0) + 1
             rep.pool.batches += 1
             rep.pool.batched += len(batch)
-            seconds = self._compute(rep, sum(vision[role](n) for role, n in counts.items()))
-            yield self.env.timeout(seconds)
-            self.computing -= 1
+            yield self._compute(rep, sum(vision[role](n) for role, n in counts.items()))
             for job in batch:
                 self._job_done(job)
 
@@ -663,8 +734,7 @@ class Simulation:
             ms += step(running)
             rep.pool.batches += 1
             rep.pool.batched += running
-            yield self.env.timeout(self._compute(rep, ms))
-            self.computing -= 1
+            yield self._compute(rep, ms)
             steps += 1
             for job in rows.pop(steps, ()):
                 running -= 1

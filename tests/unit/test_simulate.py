@@ -505,58 +505,84 @@ def test_the_app_shares_the_cores_its_profile_found_ray_did_not_keep_busy():
     assert shared["simulated"]["throughput_rps"] < alone["simulated"]["throughput_rps"] * 0.85
 
 
-def test_requests_overheads_share_a_few_threads_however_many_are_due():
-    """With shared cores, a request's calls' overheads and the Router's work run on the client's, the
-    proxy's and the Router's event loops: 12 requests' overheads due at once take those 3 threads, so a model
-    loop beside them gets its share of 2 cores among 4 threads (slowed 2x, not 6.5x as among 13
-    activities), and one more overhead runs at its thread's share of that, 13 to 3 threads."""
-    from benchmarks.simulate import OVERHEAD_THREADS, Simulation
+def shared(host_cores: float = 2, **kw):
+    """A simulation of the test profile on shared cores (one replica a pool: six event loops)."""
+    from benchmarks.simulate import Simulation
 
-    assert OVERHEAD_THREADS == 3
-    sim = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), host_cores=2)
-    sim.computing, sim.overhead = 1, 12
-    assert sim._slowdown() == 2.0
-    assert sim._overhead_slowdown() == pytest.approx(2.0 * 13 / 3)
-    assert sim._overhead_slowdown(serial=True) == 2.0  # the Router's: already one at a time
-    sim.overhead = 0  # alone, nothing is slowed on 2 cores
-    assert sim._slowdown() == 1.0 and sim._overhead_slowdown() == 1.0
-    own = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings())
-    own.computing, own.overhead = 5, 40  # own devices: nothing shares
-    assert own._slowdown() == 1.0 and own._overhead_slowdown() == 1.0
+    return Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), host_cores=host_cores, **kw)
+
+
+def run_on_cores(sim, starts: list[tuple[float, float, str]], until: float = 60.0) -> list[float]:
+    """Each (start s, work s, class) run on the simulation's cores; the times each ended."""
+    ends = [None] * len(starts)
+
+    def at(i, start, work, cls):
+        yield sim.env.timeout(start)
+        sim.cores.run(work, cls, lambda: ends.__setitem__(i, sim.env.now))
+    for i, (start, work, cls) in enumerate(starts):
+        sim.env.process(at(i, start, work, cls))
+    sim.env.run(until=until)
+    return ends
+
+
+def test_shared_cores_share_among_everything_running_and_never_do_more_than_the_cores():
+    """Processor sharing: 4 model loops' 1 s each on 2 cores all end at 2 s; 2 model loops and 12
+    requests' overheads (on the 6 event loops: 6 threads) — 8 threads at a quarter core each, an
+    overhead at half its loop's — the loops end at 4 s, the overheads, then 6 threads at a third,
+    at 7 s: 14 s of work in 7 s on 2 cores."""
+    assert shared().cores.loops == 6  # the client's and the proxy's, and one per replica
+    assert run_on_cores(shared(), [(0, 1.0, "model")] * 4) == pytest.approx([2.0] * 4)
+    ends = run_on_cores(shared(), [(0, 1.0, "model")] * 2 + [(0, 1.0, "overhead")] * 12)
+    assert ends[:2] == pytest.approx([4.0] * 2) and ends[2:] == pytest.approx([7.0] * 12)
+
+
+def test_work_slows_when_more_starts_after_it_and_speeds_up_when_that_ends():
+    """On one core: A (1 s of work) alone from 0; B (1 s) from 0.5 — A's last half at half a core ends
+    at 1.5 (not at 1.0, as when a start fixed its speed), B's last half alone ends at 2.0."""
+    assert run_on_cores(shared(host_cores=1), [(0.0, 1.0, "model"), (0.5, 1.0, "other")]) == pytest.approx([1.5, 2.0])
+
+
+def test_a_closed_loop_at_saturation_gets_the_cores_work_done_and_no_more():
+    from benchmarks.simulate import Simulation
+
+    p = profile(router=3.0)
+    sim = Simulation(p, Workload.mutual(0.5, AGREE), {}, settings(), host_cores=1)
+    given, run = [0.0], sim.cores.run
+
+    def counted(work_s, cls, done):
+        given[0] += work_s
+        run(work_s, cls, done)
+    sim.cores.run = counted
+    sim.run(concurrency=16, duration_s=30, warmup_s=0)
+    sim.cores._advance()
+    left = sum(end - sim.cores.served[c] for c in sim.cores.CLASSES for end, _, _ in sim.cores.due[c])
+    assert 0.95 <= (given[0] - left) / sim.env.now <= 1.0 + 1e-9  # a core's work per second, at most
+    own = simulate(p, Workload.mutual(0.5, AGREE), {}, settings(), concurrency=16, duration_s=30)
+    assert own["throughput_rps"] > 1.5 * sim.summary(None, 16, 30, 0, 0)["throughput_rps"]  # four loops, one core
 
 
 def test_a_machine_measured_slower_slows_work_on_shared_cores_from_that_moment():
-    """The canary's slowdown per step (the last holds on) multiplies every CPU activity's duration on
-    shared cores, from the step it was measured in; on own devices it means nothing."""
-    from benchmarks.simulate import Simulation
-
-    sim = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), host_cores=2,
-                     slower=[1.0, 2.0], slower_step_s=1.0)
-    assert sim._slowdown() == 1.0 and sim._overhead_slowdown() == 1.0
-    sim.env.run(until=1.5)
-    assert sim._slowdown() == 2.0 and sim._overhead_slowdown(serial=True) == 2.0
-    sim.env.run(until=30)
-    assert sim._slowdown() == 2.0
-    own = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), slower=[3.0])
-    assert own._slowdown() == 1.0 and own._overhead_slowdown() == 1.0
+    """The canary's slowdown per step (the last holds on) divides every activity's speed on shared
+    cores from the step it was measured in, mid-activity too; on own devices it means nothing."""
+    ends = run_on_cores(shared(slower=[1.0, 2.0], slower_step_s=1.0), [(0, 1.5, "model"), (3.0, 1.0, "overhead")])
+    assert ends == pytest.approx([2.0, 5.0])  # 1 s at full speed, the last 0.5 s at half; 2x after
     p, w = profile(), Workload.mutual(0.0, AGREE)
     base = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2)
     slow = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2, slower=[2.0])
     assert slow["p50_ms"] == pytest.approx(2 * base["p50_ms"], rel=0.02)
     assert slow["throughput_rps"] == pytest.approx(base["throughput_rps"] / 2, rel=0.05)
+    own = simulate(p, w, {}, settings(), concurrency=1, duration_s=20)
+    own_slower = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, slower=[3.0])
+    assert (own_slower["p50_ms"], own_slower["throughput_rps"]) == (own["p50_ms"], own["throughput_rps"])
 
 
 def test_the_model_loops_work_takes_the_model_units_speed_and_the_rest_the_python_units():
     """Given both, the model loops' work is slowed by the canary's model unit and the overheads (and
     the CPU beside each request) by its Python unit; given one, it slows everything."""
-    from benchmarks.simulate import Simulation
-
-    both = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), host_cores=2,
-                      slower=[1.0], slower_model=[2.0])
-    assert both._slowdown(model=True) == 2.0
-    assert both._slowdown(1) == 1.0 and both._overhead_slowdown() == 1.0
-    one = Simulation(profile(), Workload.mutual(0.0, AGREE), {}, settings(), host_cores=2, slower=[1.5])
-    assert one._slowdown(model=True) == 1.5 and one._overhead_slowdown() == 1.5
+    both = shared(slower=[1.0], slower_model=[2.0]).cores.rates()
+    assert (both["model"], both["other"], both["overhead"]) == (0.5, 1.0, 1.0)
+    one = shared(slower=[1.5]).cores.rates()
+    assert (one["model"], one["other"], one["overhead"]) == pytest.approx((1 / 1.5,) * 3)
     p, w = profile(), Workload.mutual(0.0, AGREE)
     base = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2)
     model_slow = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2,
@@ -673,7 +699,10 @@ def test_the_check_runs_the_model_loops_at_the_model_units_speed_when_asked():
     assert model_slow["machine_slower"] == 1.0 and model_slow["machine_slower_torch"] == 2.0
     assert py_only["machine_slower_torch"] == 2.0  # reported beside, not applied
     assert py_only["simulated"]["throughput_rps"] == py_only["simulated_profile_speed"]["throughput_rps"]
-    assert model_slow["simulated"]["throughput_rps"] < py_only["simulated"]["throughput_rps"] * 0.8
+    # The model loops' work is under half the app's CPU at 16 (the rest: overheads, Serve), so
+    # doubling it alone costs well under half the throughput (0.85x since the cores are shared as
+    # processor sharing; 0.8x was asked of the model before it, which over-delivered work).
+    assert model_slow["simulated"]["throughput_rps"] < py_only["simulated"]["throughput_rps"] * 0.9
 
 
 def test_a_profile_measured_under_steal_is_taken_as_that_much_longer_than_its_work():
