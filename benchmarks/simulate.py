@@ -27,8 +27,8 @@ profile found the machine's other processes (Ray's daemons) kept busy (`others_c
 OS shares cores among runnable threads — processor sharing (`_Cores`): everything running at once
 progresses together, each thread at min(1, N / threads) of a core, recomputed whenever an activity
 starts or ends, so the work done per second never exceeds the cores (until 2026-12-04 each activity's
-slowdown was fixed when it started, and at concurrency 16 the simulated app got ~1.35 cores' work
-done per core: benchmarks/README.md, runs 53–68 re-simulated). A model loop is one thread; the
+slowdown was fixed when it started, and at concurrency 16 the simulated app got 1.14–1.15 cores'
+work done per core: benchmarks/README.md, "Runs 69–"). A model loop is one thread; the
 calls' overheads and the Router's work run on the event loops' threads — the client's, the proxy's
 and every replica's own (a replica's model work runs on a thread beside its event loop) — which the
 due overheads share: twelve at once on six loops are six threads, each overhead at half of one.
