@@ -956,11 +956,13 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
         if first.get("number_init"):
             init_number_embeddings(model, tokenizer)
         base = None
-    children = []
+    children, store = [], None
     if procs > 1:
         if rank == 0:
-            children, port = start_ranks({**settings, "tokenizer": None if init_from else tokenizer})
-        join_ranks(model, rank, procs, port)
+            store = host_store(procs)
+            port = store.port
+            children = start_ranks({**settings, "tokenizer": None if init_from else tokenizer}, port)
+        join_ranks(model, rank, procs, port, store)
     batch_vision_attention(model)
     batcher = Batcher(role, tokenizer, processor.image_processor, model.config.image_token_id,
                       seed=seed * 2 + (role == "large"), reason_tiers=first["reason_tiers"],
@@ -1100,22 +1102,24 @@ def train(role: str, out: Path, *, steps: int, lr: float, read_first: float = 0.
     return facts
 
 
-def free_port() -> int:
-    """A free local port for the ranks of a data-parallel run to meet on."""
-    import socket
+def host_store(world: int):
+    """Rank 0's rendezvous store for a data-parallel run of `world` ranks, listening on a port the OS
+    picks and holding it from then on (`.port`): a port found free and bound later can be taken in
+    between — a CI run lost one so, EADDRINUSE, with Ray's processes starting beside it."""
+    from datetime import timedelta
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", 0, world, is_master=True, timeout=timedelta(minutes=10),
+                         wait_for_workers=False)
 
 
-def start_ranks(settings: dict) -> tuple[list, int]:
+def start_ranks(settings: dict, port: int) -> list:
     """Ranks 1.. of a data-parallel run, each a spawned process running `train` with these settings
-    and the threads of this one; (processes, the port they meet on)."""
+    and the threads of this one, meeting on rank 0's store at `port`."""
     import torch
     import torch.multiprocessing as mp
 
-    port = free_port()
     context = mp.get_context("spawn")
     children = []
     for rank in range(1, settings["procs"]):
@@ -1123,7 +1127,7 @@ def start_ranks(settings: dict) -> tuple[list, int]:
                                                           torch.get_num_threads()))
         process.start()
         children.append(process)
-    return children, port
+    return children
 
 
 def _rank_main(settings: dict, threads: int) -> None:
@@ -1133,15 +1137,17 @@ def _rank_main(settings: dict, threads: int) -> None:
     train(**settings)
 
 
-def join_ranks(model, rank: int, world: int, port: int) -> None:
-    """Meet the other ranks and start from rank 0's weights (the same seed made the same ones; this
-    makes sure)."""
+def join_ranks(model, rank: int, world: int, port: int, store=None) -> None:
+    """Meet the other ranks on rank 0's store — `store` on rank 0, which hosts it (`host_store`),
+    the one at `port` on the others — and start from rank 0's weights (the same seed made the same
+    ones; this makes sure)."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(minutes=10))
+    if store is None:  # rank 0 hosts it; the others join it as clients (both sides pass the store)
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(minutes=10))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(minutes=10))
     for p in model.parameters():
         dist.broadcast(p.data, 0)
 

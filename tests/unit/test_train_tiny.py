@@ -462,7 +462,7 @@ def test_averaged_gradients_are_the_whole_batchs_gradient(tmp_path):
 
     import torch
 
-    from benchmarks.train_tiny import average_gradients, free_port
+    from benchmarks.train_tiny import average_gradients, host_store
 
     torch.manual_seed(0)
     x, y = torch.randn(8, 5), torch.randn(8, 1)
@@ -470,12 +470,14 @@ def test_averaged_gradients_are_the_whole_batchs_gradient(tmp_path):
     def loss_of(model, rows):
         return ((model(x[rows]) - y[rows]) ** 2).mean()
 
-    port = free_port()
+    store = host_store(2)  # this process holds the store (kept referenced); both ranks meet on it as clients
+    port = store.port
 
     def rank_main(rank):
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+        store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
         torch.manual_seed(1)
         model = torch.nn.Linear(5, 1)
         loss = loss_of(model, slice(4 * rank, 4 * rank + 4))
