@@ -434,7 +434,7 @@ class _Cores:
             if self.due[c]:
                 wait = min(wait, max(0.0, self.due[c][0][0] - self.served[c]) / self.rate[c])
         sim = self.sim
-        if sim.slower and wait < math.inf:  # the machine's speed changes at the next step, if it has one
+        if wait < math.inf:  # the machine's speed changes at the next step, if either unit has one
             step = int(self.env.now / sim.slower_step_s) + 1
             if step < max(len(sim.slower), len(sim.slower_model)):
                 wait = min(wait, max(0.0, step * sim.slower_step_s - self.env.now))
