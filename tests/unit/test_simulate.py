@@ -133,6 +133,57 @@ def test_more_replicas_more_throughput():
     assert three["replicas"]["LargeAnswerer"] == 4 and three["gpus"] == 2 + 3 + 4
 
 
+def test_decode_steps_run_as_one_wait_give_the_figures_a_step_at_a_time_gives():
+    """Own devices: a decode loop's steps between one join or finish and the next run as one wait,
+    cut at the end of the step a new job arrives in. A 200-step reasoning row is decoding when a
+    second request's short answer arrives mid-step: with room it joins at that step's end, in a full
+    batch (one row) it waits for the reasoning to finish. Either way every latency, utilisation and
+    batch figure is the step-at-a-time run's, in a fraction of the events."""
+    from benchmarks.simulate import Simulation
+
+    long = {**AGREE, "small_reasoning": {"prompt_tokens": 10, "decode_steps": 200}}
+    mean_batch = []
+    for s in (settings(), settings(max_batch_size=1)):
+        runs = []
+        for coast in (True, False):
+            sim = Simulation(profile(), Workload.mutual(1.0, long), {}, s)
+            sim.coast = coast
+            events, step = [0], sim.env.step
+
+            def counted():
+                events[0] += 1
+                step()
+            sim.env.step = counted
+            sim.run(arrivals=[0.0, 0.1003, 0.2507], duration_s=1.0, warmup_s=0.0)
+            runs.append((sorted(lat for _, lat, _ in sim.latencies), events[0],
+                         {n: (p.batches, p.batched, sum(r.compute_s for r in p.replicas), p.queue_s)
+                          for n, p in sim.pools.items()}))
+        (lat, events_coasting, pools), (lat_steps, events_steps, pools_steps) = runs
+        assert len(lat) == 3 and lat == pytest.approx(lat_steps, abs=1e-12)
+        for name, (batches, rows, busy_s, queued_s) in pools.items():
+            assert (batches, rows) == pools_steps[name][:2]  # steps and rows in them, counted alike
+            assert [busy_s, *queued_s] == pytest.approx([pools_steps[name][2], *pools_steps[name][3]], abs=1e-12)
+        assert events_coasting < events_steps / 3
+        small = pools["SmallReasoner"]
+        mean_batch.append(small[1] / small[0])
+    # the short answers were decoded beside the reasoning where the batch had room, after it where not
+    assert mean_batch[1] == 1.0 < mean_batch[0]
+
+
+def test_two_replicas_are_drawn_as_random_sample_draws_them():
+    """The power of two choices draws its pair by hand, faster: the very pairs random.sample gives
+    for a seed (figures recorded before stand), the same stream after, any pool size."""
+    import random
+
+    from benchmarks.simulate import Simulation
+
+    for n in (3, 4, 21, 22, 25, 1760):
+        sim = Simulation(profile(), Workload.mutual(0.0, AGREE), {"LargeAnswerer": n}, settings(), seed=n)
+        pool, rng = sim.pools["LargeAnswerer"], random.Random(n)
+        assert all(tuple(rng.sample(pool.replicas, 2)) == pool._two() for _ in range(3000))
+        assert rng.random() == sim.rng.random()
+
+
 def test_shared_cores_slow_replicas_that_compute_at_once():
     p = profile()
     w = Workload.mutual(0.0, AGREE)
