@@ -783,7 +783,7 @@ class Simulation:
                         self._job_done(job)
                     continue
             ms = 0.0
-            if queue and running < s.max_batch_size:
+            if queue and not full:
                 now = self.env.now
                 new = [queue.popleft() for _ in range(min(s.max_batch_size - running, len(queue)))]
                 for job in new:
