@@ -1114,6 +1114,15 @@ def host_store(world: int):
                          wait_for_workers=False)
 
 
+def store_at(port: int, world: int):
+    """A client of the rendezvous store `host_store` holds at `port`."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(minutes=10))
+
+
 def start_ranks(settings: dict, port: int) -> list:
     """Ranks 1.. of a data-parallel run, each a spawned process running `train` with these settings
     and the threads of this one, meeting on rank 0's store at `port`."""
@@ -1146,7 +1155,7 @@ def join_ranks(model, rank: int, world: int, port: int, store=None) -> None:
     import torch.distributed as dist
 
     if store is None:  # rank 0 hosts it; the others join it as clients (both sides pass the store)
-        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(minutes=10))
+        store = store_at(port, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(minutes=10))
     for p in model.parameters():
         dist.broadcast(p.data, 0)

@@ -462,7 +462,7 @@ def test_averaged_gradients_are_the_whole_batchs_gradient(tmp_path):
 
     import torch
 
-    from benchmarks.train_tiny import average_gradients, host_store
+    from benchmarks.train_tiny import average_gradients, host_store, store_at
 
     torch.manual_seed(0)
     x, y = torch.randn(8, 5), torch.randn(8, 1)
@@ -476,8 +476,7 @@ def test_averaged_gradients_are_the_whole_batchs_gradient(tmp_path):
     def rank_main(rank):
         import torch.distributed as dist
 
-        store = dist.TCPStore("127.0.0.1", port, 2, is_master=False)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+        dist.init_process_group("gloo", store=store_at(port, 2), rank=rank, world_size=2)
         torch.manual_seed(1)
         model = torch.nn.Linear(5, 1)
         loss = loss_of(model, slice(4 * rank, 4 * rank + 4))
