@@ -171,6 +171,74 @@ def test_decode_steps_run_as_one_wait_give_the_figures_a_step_at_a_time_gives():
     assert mean_batch[1] == 1.0 < mean_batch[0]
 
 
+def test_a_coasts_end_is_the_sum_of_its_steps_to_the_bit():
+    """`repeated_sum` adds a binade's worth of steps at once: it must give what k additions give, also
+    where the sums cross binades, where a step is under half a spacing, and at rounding ties."""
+    import math
+    import random
+
+    from benchmarks.simulate import repeated_sum
+
+    def added(s, d, k):
+        for _ in range(k):
+            s += d
+        return s
+    rng = random.Random(7)
+    cases = [(0.0, 0.01, 300), (1.0, math.ulp(1.0) / 2, 5), (1.0, math.ulp(1.0) * 1.5, 40), (3.0, math.ulp(1.0), 9),
+             (2.0 - 1e-9, 0.0125, 400), (7.99, 0.004, 600), (5.0, 1e-17, 10), (0.3, 0.1, 0), (0.3, 0.1, 1)]
+    for _ in range(20000):
+        s = rng.choice([rng.uniform(0, 200), 2.0 ** rng.randint(-4, 7) - rng.choice([0, 1e-9, 1e-3]), 0.0])
+        d = rng.choice([rng.uniform(1e-5, 0.2), math.ulp(max(s, 1.0)) * rng.choice([0.25, 0.5, 1.5, 2.5, 3.0])])
+        cases.append((s, d, rng.randint(0, 600)))
+    mismatches = [(s, d, k) for s, d, k in cases if repeated_sum(s, d, k) != added(s, d, k)]
+    assert not mismatches
+    assert repeated_sum(0.3, 0.1, 7) != 0.3 + 7 * 0.1  # the loop's rounding, not the product's
+
+
+def test_called_off_events_are_dropped_and_the_rest_run_in_their_order():
+    """The environment drops called-off timeouts in bulk (a coasting loop woken early calls its own
+    off); what is left runs in the order it would have, ties included, and none of the called-off."""
+    from benchmarks.simulate import _Environment
+
+    env, ran = _Environment(), []
+    events = []
+    for i in range(6000):
+        ev = env.timeout((i * 7919 % 500) / 100)  # many at the same time: their order is their creation's
+        ev.callbacks.append(lambda _e, i=i: ran.append(i))
+        events.append((ev._delay, i, ev))
+    off = {i for i in range(6000) if i % 3}
+    for _, i, ev in events:
+        if i in off:
+            env.call_off(ev)
+    assert len(env._queue) < 3000  # dropped, not left to pop as no-ops
+    env.run()
+    assert ran == [i for _, i, _ in sorted(events, key=lambda e: e[:2]) if i not in off]
+
+
+def test_a_simulation_leaves_no_reference_cycles():
+    """The cyclic collector is off while a simulation runs: a run must make no cycles, or its garbage
+    would pile up — coasting loops woken early and shared cores alike."""
+    import gc
+
+    from benchmarks.simulate import Simulation
+
+    long = {**AGREE, "small_reasoning": {"prompt_tokens": 10, "decode_steps": 200}}
+    try:
+        for cores in (None, 2.0):
+            sim = Simulation(profile(), Workload.mutual(0.5, long), {}, settings(batch_wait_s=0.01), host_cores=cores)
+            sim.env.DROP_AT = 4  # called-off timeouts dropped from the queue often, not left to pop
+            gc.set_debug(0)
+            gc.collect()  # what came before the run (the last simulation: it is all links), freed
+            gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds from here on, kept in gc.garbage
+            r = sim.run(rate=40.0, duration_s=20.0)
+            assert r["completed"] > 300 and gc.isenabled()
+            gc.collect()
+            assert gc.garbage == []
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
 def test_two_replicas_are_drawn_as_random_sample_draws_them():
     """The power of two choices draws its pair by hand, faster: the very pairs random.sample gives
     for a seed (figures recorded before stand), the same stream after, any pool size."""
