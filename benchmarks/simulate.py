@@ -675,9 +675,9 @@ class Simulation:
             return
         replica.queue.append(job)
         if replica.wake is not None and not replica.wake.triggered:
-            replica.wake.succeed()
+            self._wake_early(replica.wake)
         if replica.full is not None and not replica.full.triggered and len(replica.queue) >= pool.settings.max_batch_size:
-            replica.full.succeed()
+            self._wake_early(replica.full)
 
     def _route(self, replica: _Replica) -> None:
         """The Router's own work for the request first in its replica's queue, then the next."""
@@ -791,7 +791,7 @@ class Simulation:
     def _by(self, event, delay: float):
         """`event`, succeeded after `delay` unless something else succeeded it first: simpy's any_of
         of it and a timeout, without a Condition's cost (a 10,000 req/s run waits this way a million
-        times). The timeout is `event.alarm`: whoever waits calls it off if woken first (`_woken`)."""
+        times). The timeout is `event.alarm`, called off if `_wake_early` succeeds the event first."""
         def fire(_timeout):
             if not event.triggered:
                 event.succeed()
@@ -799,10 +799,12 @@ class Simulation:
         event.alarm.callbacks.append(fire)
         return event
 
-    def _woken(self, event) -> None:
-        """After a wait on `_by(event, ...)`: its timeout called off, if something else woke it first."""
-        alarm, event.alarm = event.alarm, None  # event -> alarm -> fire -> event: no cycle left behind
-        if alarm.callbacks is not None:  # not processed yet
+    def _wake_early(self, event) -> None:
+        """Succeed a replica's wait now; a `_by` timeout it had is now a no-op, so it is called off
+        (which also breaks the cycle event -> alarm -> fire -> event)."""
+        event.succeed()
+        alarm = getattr(event, "alarm", None)  # an idle wait (`_idle` alone) has none
+        if alarm is not None:
             self.env.call_off(alarm)
 
     def _vision_loop(self, rep: _Replica):
@@ -814,7 +816,6 @@ class Simulation:
             waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size)
             if waiting is not None:
                 yield waiting
-                self._woken(waiting)
                 rep.full = None
             batch = [rep.queue.popleft() for _ in range(min(s.max_batch_size, len(rep.queue)))]
             now = self.env.now
@@ -842,7 +843,6 @@ class Simulation:
                 waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size)
                 if waiting is not None:
                     yield waiting
-                    self._woken(waiting)
                     rep.full = None
             full = running >= s.max_batch_size
             if coast and running and (full or not queue):
@@ -887,9 +887,7 @@ class Simulation:
         start = env.now
         end = repeated_sum(start, d, k)
         if can_join:
-            wake = self._by(self._idle(rep), end - start)
-            yield wake
-            self._woken(wake)
+            yield self._by(self._idle(rep), end - start)
             rep.wake = None
             done = k
             if env.now < end:  # a job arrived

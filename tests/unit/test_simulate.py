@@ -196,8 +196,9 @@ def test_a_coasts_end_is_the_sum_of_its_steps_to_the_bit():
 
 
 def test_called_off_events_are_dropped_and_the_rest_run_in_their_order():
-    """The environment drops called-off timeouts in bulk (a coasting loop woken early calls its own
-    off); what is left runs in the order it would have, ties included, and none of the called-off."""
+    """The environment drops called-off timeouts in bulk (an arrival that wakes a coasting loop early
+    calls the loop's timeout off); what is left runs in the order it would have, ties included, and
+    none of the called-off."""
     from benchmarks.simulate import _Environment
 
     env, ran = _Environment(), []
