@@ -1,6 +1,6 @@
 """Streaming under real Serve: every policy streams exactly its non-streamed answer through the
-openai client; reasoning streams first as `reasoning_content` when asked; the first token arrives
-long before the answer ends; a client that leaves after one token stops the decoding downstream
+openai client; reasoning streams first as `reasoning_content` when asked; the answer's tokens arrive
+as they are decoded, over the decode, not together at its end; a client that leaves after one token stops the decoding downstream
 (counted tokens); and, on a fake engine whose decode step costs a fixed time whatever the batch size,
 a short request is not held behind a long reasoning already in flight."""
 
@@ -58,22 +58,28 @@ def test_reasoning_streams_first_as_reasoning_content_when_asked(serve_url):
 
 
 def _stream(url: str, body: dict):
-    """(seconds to the first content delta, seconds to [DONE], chunk id)."""
-    start, first, rid = time.perf_counter(), None, None
+    """(seconds from the request to each content delta, seconds to [DONE], chunk id)."""
+    start, content, rid = time.perf_counter(), [], None
     with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 chunk = json.loads(line[6:])
                 rid = chunk["id"]
-                if first is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                    first = time.perf_counter() - start
-    return first, time.perf_counter() - start, rid
+                if chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                    content.append(time.perf_counter() - start)
+    return content, time.perf_counter() - start, rid
 
 
-def test_the_first_token_arrives_long_before_the_answer_ends(serve_url):
+def test_the_answer_arrives_token_by_token_as_it_is_decoded(serve_url):
+    # Buffered, the deltas would all arrive together at the end. Streamed, they arrive over the
+    # decode: the first long before the end. Measured as the span of the deltas' arrivals, not as
+    # the first's arrival against the whole, which a stall before the first token (the cores busy
+    # elsewhere on a 2-core machine: once 0.69 s of 1.16 s, where 0.13-0.26 s is usual) fails
+    # while every token still streamed.
     body = {"model": "tandem:large", "max_tokens": 64, "messages": messages("Describe it at length.")}
-    first, total, _ = _stream(serve_url, body)
-    assert first is not None and first < 0.5 * total, (first, total)
+    content, total, _ = _stream(serve_url, body)
+    assert len(content) > 8, content  # token by token, not a few blocks
+    assert content[-1] - content[0] > 0.25 * total, (content, total)
 
 
 def test_a_client_leaving_after_the_first_token_stops_the_decoding(serve_url):
