@@ -62,10 +62,13 @@ import json
 import math
 import random
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 
+import numpy as np
 import simpy
 import yaml
 
@@ -404,7 +407,8 @@ class _Pool:
         self.replicas = [_Replica(self, i) for i in range(n)]
         self.waiting: deque = deque()  # the callers' queue: jobs no replica has room for yet
         self.queue_limit = queue_limit
-        self.queue_s: list[float] = []
+        # Every job's queueing time (s), as doubles: millions at 10,000 req/s (`Simulation.arrivals`).
+        self.queue_s = array("d")
         self.rejected = 0
         self.batches = self.batched = 0  # batches run and jobs in them (decoders: steps and rows)
 
@@ -589,9 +593,11 @@ class Simulation:
             loop = self._vision_loop if pool.name == "VisionEncoder" else self._decode_loop
             for rep in pool.replicas:
                 self.env.process(loop(rep))
-        self.latencies: list[tuple[float, float, str]] = []  # (arrival, latency s, path)
-        self.rejected: list[float] = []
-        self.done_times: list[float] = []
+        # Each answered request's arrival, latency (s) and path, and when it finished; each rejected
+        # one's arrival. Doubles, not float objects: a 10,000 req/s run keeps millions (with the
+        # pools' queueing times, 0.2 GB of its 0.34 GB as floats in lists).
+        self.arrivals, self.latency_s, self.paths = array("d"), array("d"), []
+        self.done_times, self.rejected = array("d"), array("d")
         # Each path's phases as (call, its pool, copies, overhead s) — looked up once, not per call.
         self._choices = [(name, share, tuple(tuple(self._plan(c) for c in phase) for phase in phases))
                          for name, share, phases in workload.paths if share > 0]
@@ -660,7 +666,7 @@ class Simulation:
                            _alone_cpu_only=True)
         probe.run(concurrency=concurrency, duration_s=30.0, warmup_s=0.0)
         # The requests still in flight at the end did about half their work.
-        return probe.model_ms / max(1.0, len(probe.latencies) + probe.in_flight / 2)
+        return probe.model_ms / max(1.0, len(probe.latency_s) + probe.in_flight / 2)
 
     def _unaccounted_at(self, in_flight: int) -> float:
         """The unaccounted CPU of a request that arrives with `in_flight` requests in the app (itself
@@ -756,7 +762,9 @@ class Simulation:
         if rejected:
             self.rejected.append(req.arrived)
         else:
-            self.latencies.append((req.arrived, now - req.arrived, req.path))
+            self.arrivals.append(req.arrived)
+            self.latency_s.append(now - req.arrived)
+            self.paths.append(req.path)
             self.done_times.append(now)
         if req.in_flight:
             self.in_flight -= 1
@@ -963,28 +971,37 @@ class Simulation:
                 gc.enable()
         return self.summary(rate, concurrency, duration_s, warmup, time.perf_counter() - started)
 
+    @property
+    def latencies(self) -> list[tuple[float, float, str]]:
+        """(arrival, latency s, path) of every answered request, in the order they finished."""
+        return list(zip(self.arrivals, self.latency_s, self.paths))
+
     def summary(self, rate, concurrency, duration_s: float, warmup: float, wall_s: float) -> dict:
-        lat = [l * 1000 for a, l, _ in self.latencies if warmup <= a < duration_s]
+        arrived_at = np.frombuffer(self.arrivals, dtype=float)
+        counted = (warmup <= arrived_at) & (arrived_at < duration_s)
+        lat = (np.frombuffer(self.latency_s, dtype=float)[counted] * 1000).tolist()
         # Throughput: completions per second once the pipeline is full. A pipeline seconds deep (a
         # long reasoning path) fills for seconds after the warm-up: the window starts a p99 latency
         # later (at most half-way), or completions of slow paths would be missing from it.
         start = min(warmup + (percentile(lat, 99) / 1000 if lat else 0.0), duration_s / 2)
         window = duration_s - start
-        done = sum(1 for t in self.done_times if start <= t < duration_s)
-        rejected = sum(1 for a in self.rejected if warmup <= a < duration_s)
+        done_at, rejected_at = np.frombuffer(self.done_times, dtype=float), np.frombuffer(self.rejected, dtype=float)
+        done = int(np.count_nonzero((start <= done_at) & (done_at < duration_s)))
+        rejected = int(np.count_nonzero((warmup <= rejected_at) & (rejected_at < duration_s)))
         arrived = len(lat) + rejected
         paths: dict[str, int] = {}
-        for a, _, p in self.latencies:
-            if warmup <= a < duration_s:
-                paths[p] = paths.get(p, 0) + 1
+        for p in compress(self.paths, counted.tolist()):
+            paths[p] = paths.get(p, 0) + 1
         pools = {}
         for name, pool in self.pools.items():
             busy = sum(r.compute_s for r in pool.replicas)
-            q = [x * 1000 for x in pool.queue_s]
+            # In numpy: each value and the running sum as Python computes them (a cumulative sum adds
+            # in order, as Python 3.11's `sum` does).
+            q = np.frombuffer(pool.queue_s, dtype=float) * 1000
             pools[name] = {"replicas": len(pool.replicas),
                            "utilisation": round(busy / (len(pool.replicas) * self.env.now), 3) if self.env.now else 0,
-                           "queue_ms_mean": round(sum(q) / len(q), 2) if q else 0.0,
-                           "queue_ms_p95": round(percentile(q, 95), 2) if q else 0.0, "rejected": pool.rejected,
+                           "queue_ms_mean": round(float(np.cumsum(q)[-1]) / len(q), 2) if len(q) else 0.0,
+                           "queue_ms_p95": round(percentile(q, 95), 2) if len(q) else 0.0, "rejected": pool.rejected,
                            "mean_batch": round(pool.batched / pool.batches, 2) if pool.batches else None}
         gpus = sum(len(p.replicas) * p.settings.gpus_per_replica for p in self.pools.values())
         return {"benchmark": "simulate", "rate_rps": rate, "concurrency": concurrency, "duration_s": duration_s,
