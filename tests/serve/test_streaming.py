@@ -1,8 +1,8 @@
 """Streaming under real Serve: every policy streams exactly its non-streamed answer through the
 openai client; reasoning streams first as `reasoning_content` when asked; the answer's tokens arrive
-as they are decoded, over the decode, not together at its end; a client that leaves after one token stops the decoding downstream
-(counted tokens); and, on a fake engine whose decode step costs a fixed time whatever the batch size,
-a short request is not held behind a long reasoning already in flight."""
+over the decode, not together at its end; a client that leaves after one token stops the decoding
+downstream (counted tokens); and, on a fake engine whose decode step costs a fixed time whatever the
+batch size, a short request is not held behind a long reasoning already in flight."""
 
 from __future__ import annotations
 
