@@ -992,7 +992,8 @@ class Simulation:
         # later (at most half-way), or completions of slow paths would be missing from it.
         start = min(warmup + (percentile(lat, 99) / 1000 if lat else 0.0), duration_s / 2)
         window = duration_s - start
-        done_at, rejected_at = np.frombuffer(self.done_times, dtype=float), np.frombuffer(self.rejected, dtype=float)
+        done_at = np.frombuffer(self.done_times, dtype=float)
+        rejected_at = np.frombuffer(self.rejected, dtype=float)
         done = int(np.count_nonzero((start <= done_at) & (done_at < duration_s)))
         rejected = int(np.count_nonzero((warmup <= rejected_at) & (rejected_at < duration_s)))
         arrived = len(lat) + rejected
