@@ -968,7 +968,8 @@ class Simulation:
                 self.arrive()
         drain = min(duration_s, 60.0) if drain_s is None else drain_s
         # A run makes no reference cycles (a test holds it to that), so the cyclic collector has
-        # nothing to find and only walks the ever longer lists of results: off while it runs.
+        # nothing to find and would only walk the live events and loops, again and again: off while
+        # it runs.
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -986,11 +987,11 @@ class Simulation:
     def summary(self, rate, concurrency, duration_s: float, warmup: float, wall_s: float) -> dict:
         arrived_at = np.frombuffer(self.arrivals, dtype=float)
         counted = (warmup <= arrived_at) & (arrived_at < duration_s)
-        lat = (np.frombuffer(self.latency_s, dtype=float)[counted] * 1000).tolist()
+        lat = np.frombuffer(self.latency_s, dtype=float)[counted] * 1000
         # Throughput: completions per second once the pipeline is full. A pipeline seconds deep (a
         # long reasoning path) fills for seconds after the warm-up: the window starts a p99 latency
         # later (at most half-way), or completions of slow paths would be missing from it.
-        start = min(warmup + (percentile(lat, 99) / 1000 if lat else 0.0), duration_s / 2)
+        start = min(warmup + (percentile(lat, 99) / 1000 if len(lat) else 0.0), duration_s / 2)
         window = duration_s - start
         done_at = np.frombuffer(self.done_times, dtype=float)
         rejected_at = np.frombuffer(self.rejected, dtype=float)
@@ -1003,22 +1004,26 @@ class Simulation:
         pools = {}
         for name, pool in self.pools.items():
             busy = sum(r.compute_s for r in pool.replicas)
-            # In numpy: each value and the running sum as Python computes them (a cumulative sum adds
-            # in order, as Python 3.11's `sum` does).
             q = np.frombuffer(pool.queue_s, dtype=float) * 1000
             pools[name] = {"replicas": len(pool.replicas),
                            "utilisation": round(busy / (len(pool.replicas) * self.env.now), 3) if self.env.now else 0,
-                           "queue_ms_mean": round(float(np.cumsum(q)[-1]) / len(q), 2) if len(q) else 0.0,
+                           "queue_ms_mean": round(_mean_in_order(q), 2) if len(q) else 0.0,
                            "queue_ms_p95": round(percentile(q, 95), 2) if len(q) else 0.0, "rejected": pool.rejected,
                            "mean_batch": round(pool.batched / pool.batches, 2) if pool.batches else None}
         gpus = sum(len(p.replicas) * p.settings.gpus_per_replica for p in self.pools.values())
         return {"benchmark": "simulate", "rate_rps": rate, "concurrency": concurrency, "duration_s": duration_s,
                 "replicas": {n: len(p.replicas) for n, p in self.pools.items()}, "gpus": gpus,
                 "throughput_rps": round(done / window, 2) if window > 0 else math.nan,
-                "mean_ms": round(sum(lat) / len(lat), 2) if lat else math.nan, "p50_ms": round(percentile(lat, 50), 2), "p95_ms": round(percentile(lat, 95), 2),
+                "mean_ms": round(_mean_in_order(lat), 2) if len(lat) else math.nan, "p50_ms": round(percentile(lat, 50), 2), "p95_ms": round(percentile(lat, 95), 2),
                 "p99_ms": round(percentile(lat, 99), 2), "completed": len(lat), "rejected": rejected,
                 "rejection_rate": round(rejected / arrived, 4) if arrived else 0.0,
                 "paths": paths, "pools": pools, "wall_s": round(wall_s, 2)}
+
+
+def _mean_in_order(values: np.ndarray) -> float:
+    """The mean of a run's millions of figures as Python's `sum` (3.11) adds them, one after another
+    (numpy's `sum` adds pairwise: other last bits)."""
+    return float(np.cumsum(values)[-1]) / len(values)
 
 
 def simulate(profile: Profile, workload: Workload, replicas: dict[str, int], settings: dict[str, PoolSettings],
