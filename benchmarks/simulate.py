@@ -72,6 +72,7 @@ import numpy as np
 import simpy
 import yaml
 from simpy.core import BoundClass
+from simpy.events import PENDING
 
 from benchmarks.metrics import percentile
 
@@ -155,7 +156,9 @@ def repeated_sum(start: float, d: float, k: int) -> float:
         if bulk > 0:
             end += bulk * inc
             k -= bulk
-        if k:  # the sum that may cross into the next binade, as it rounds
+        # The few additions left under the top and the one that may cross it, as they round: one at
+        # a time (one each, with the binade found again between them, took half this function's time).
+        for _ in range(min(k, 4)):
             end += d
             k -= 1
     return end
@@ -414,6 +417,9 @@ class _Pool:
         self.replicas = [_Replica(self, i) for i in range(n)]
         self.waiting: deque = deque()  # the callers' queue: jobs no replica has room for yet
         self.queue_limit = queue_limit
+        # Looked up for every call (millions): the settings the pool keeps for the run.
+        self.is_router, self.limit, self.admit = name == "Router", settings.max_ongoing, settings.admit
+        self.max_batch = settings.max_batch_size
         # Every job's queueing time (s), as doubles: millions at 10,000 req/s (`Simulation.arrivals`).
         self.queue_s = array("d")
         self.rejected = 0
@@ -422,7 +428,7 @@ class _Pool:
     def pick(self) -> _Replica | None:
         """Serve's power of two choices: the less loaded of two random replicas, if either has room;
         else any replica with room (the least loaded); None when all are full."""
-        limit, reps = self.settings.max_ongoing, self.replicas
+        limit, reps = self.limit, self.replicas
         if len(reps) > 2:
             a, b = self._two()
             best = a if a.ongoing <= b.ongoing else b
@@ -455,16 +461,18 @@ class _Pool:
 
     def submit(self, job) -> bool:
         replica = self.pick()
-        if replica is not None and self.settings.admit is not None and replica.ongoing >= self.settings.admit:
-            self.rejected += 1  # the Router's admission limit: turned away before any work
-            return False
         if replica is None:
             if 0 <= self.queue_limit <= len(self.waiting):
                 self.rejected += 1
                 return False
             self.waiting.append(job)
             return True
-        self.assign(job, replica)
+        if self.admit is not None and replica.ongoing >= self.admit:
+            self.rejected += 1  # the Router's admission limit: turned away before any work
+            return False
+        replica.ongoing += 1
+        job.replica = replica
+        self.sim.on_assigned(self, job, replica)
         return True
 
     def assign(self, job, replica: _Replica) -> None:
@@ -525,11 +533,11 @@ class _Cores:
         self._schedule()
 
     def _advance(self) -> None:
-        dt = self.env.now - self.last
+        dt = self.env._now - self.last
         if dt > 0:
             for c in self.CLASSES:
                 self.served[c] += dt * self.rate[c]
-        self.last = self.env.now
+        self.last = self.env._now
 
     def _schedule(self) -> None:
         self.rate = self.rates()
@@ -539,9 +547,9 @@ class _Cores:
                 wait = min(wait, max(0.0, self.due[c][0][0] - self.served[c]) / self.rate[c])
         sim = self.sim
         if wait < math.inf:  # the machine's speed changes at the next step, if either unit has one
-            step = int(self.env.now / sim.slower_step_s) + 1
+            step = int(self.env._now / sim.slower_step_s) + 1
             if step < max(len(sim.slower), len(sim.slower_model)):
-                wait = min(wait, max(0.0, step * sim.slower_step_s - self.env.now))
+                wait = min(wait, max(0.0, step * sim.slower_step_s - self.env._now))
         if wait == math.inf:
             return
         self._timer += 1
@@ -627,7 +635,7 @@ class Simulation:
     def arrive(self) -> None:
         u = self.rng.random() * self._cum[-1]
         name, _, phases = self._choices[min(bisect.bisect_right(self._cum, u), len(self._choices) - 1)]
-        req = _Request(self.env.now, name, phases)
+        req = _Request(self.env._now, name, phases)
         if not self.pools["Router"].submit(req):
             self._finish(req, rejected=True)
             return
@@ -681,21 +689,22 @@ class Simulation:
         return by_in_flight(*self._unaccounted, in_flight)
 
     def on_assigned(self, pool: _Pool, job, replica: _Replica) -> None:
-        if pool.name == "Router":  # job is the request itself: the Router's CPU, one request at a time
-            replica.queue.append(job)
-            if len(replica.queue) == 1:
+        queue = replica.queue
+        queue.append(job)
+        if pool.is_router:  # job is the request itself: the Router's CPU, one request at a time
+            if len(queue) == 1:
                 self._route(replica)
             return
-        replica.queue.append(job)
-        if replica.wake is not None and not replica.wake.triggered:
-            self._wake_early(replica.wake)
-        if replica.full is not None and not replica.full.triggered and len(replica.queue) >= pool.settings.max_batch_size:
-            self._wake_early(replica.full)
+        wake, full = replica.wake, replica.full
+        if wake is not None and wake._value is PENDING:
+            self._wake_early(wake)
+        if full is not None and full._value is PENDING and len(queue) >= pool.max_batch:
+            self._wake_early(full)
 
     def _route(self, replica: _Replica) -> None:
         """The Router's own work for the request first in its replica's queue, then the next."""
         req = replica.queue[0]
-        replica.pool.queue_s.append(self.env.now - req.arrived)
+        replica.pool.queue_s.append(self.env._now - req.arrived)
 
         def done():
             replica.queue.popleft()
@@ -713,18 +722,20 @@ class Simulation:
         calls = req.phases[req.phase]
         req.phase += 1
         req.pending = 0
+        now = self.env._now
         for call, pool, copies, overhead in calls:
             for _ in range(copies):
                 req.pending += 1
                 if overhead:  # the call's RPC and feature fetch come before the replica sees it
                     self._cpu(overhead, "overhead", lambda c=call, p=pool: self._submit(req, c, p))
-                elif not self._submit(req, call, pool):
+                elif not pool.submit(_Job(req, call, now)):  # `_submit`, for a request not failed
+                    self._finish(req, rejected=True)
                     return
 
     def _submit(self, req: _Request, call: Call, pool: _Pool) -> bool:
         if req.failed:
             return False
-        if not pool.submit(_Job(req, call, self.env.now)):
+        if not pool.submit(_Job(req, call, self.env._now)):
             self._finish(req, rejected=True)
             return False
         return True
@@ -735,17 +746,17 @@ class Simulation:
         slower = self.slower_model if model else self.slower
         if not slower:
             return 1.0
-        return slower[min(int(self.env.now / self.slower_step_s), len(slower) - 1)]
+        return slower[min(int(self.env._now / self.slower_step_s), len(slower) - 1)]
 
     def _cpu(self, seconds: float, cls: str, then, replica: _Replica | None = None) -> None:
         """`then()` once `seconds` of CPU work (at the profile's speed) has run: on shared cores as
         they share it among everything running (`_Cores`, class `cls`), on own devices in that time.
         The time it took counts as `replica`'s compute time, if given."""
-        start = self.env.now
+        start = self.env._now
 
         def done(_e=None):
             if replica is not None:
-                replica.compute_s += self.env.now - start
+                replica.compute_s += self.env._now - start
             then()
         if self.cores is not None:
             self.cores.run(seconds, cls, done)
@@ -765,7 +776,7 @@ class Simulation:
         if req.failed:
             return
         req.failed = True  # no more phases either way
-        now = self.env.now
+        now = self.env._now
         if rejected:
             self.rejected.append(req.arrived)
         else:
@@ -798,17 +809,17 @@ class Simulation:
     def _fill(self, replica: _Replica, wait_s: float, target: int):
         """Wait until the replica's queue holds `target` jobs or its oldest has waited `wait_s`."""
         deadline = replica.queue[0].submitted + wait_s
-        if len(replica.queue) >= target or deadline <= self.env.now:
+        if len(replica.queue) >= target or deadline <= self.env._now:
             return None
         replica.full = self.env.event()
-        return self._by(replica.full, deadline - self.env.now)
+        return self._by(replica.full, deadline - self.env._now)
 
     def _by(self, event, delay: float):
         """`event`, succeeded after `delay` unless something else succeeded it first: simpy's any_of
         of it and a timeout, without a Condition's cost (a 10,000 req/s run waits this way a million
         times). The timeout is `event.alarm`, called off if `_wake_early` succeeds the event first."""
         def fire(_timeout):
-            if not event.triggered:
+            if event._value is PENDING:
                 event.succeed()
         event.alarm = self.env.timeout(delay)
         event.alarm.callbacks.append(fire)
@@ -823,26 +834,31 @@ class Simulation:
             self.env.call_off(alarm)
 
     def _vision_loop(self, rep: _Replica):
-        s = rep.pool.settings
-        vision = self.profile.vision
+        s, pool, queue = rep.pool.settings, rep.pool, rep.queue
+        vision, queue_s, job_done = self.profile.vision, rep.pool.queue_s, self._job_done
         while True:
-            while not rep.queue:
+            while not queue:
                 yield self._idle(rep)
             waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size)
             if waiting is not None:
                 yield waiting
                 rep.full = None
-            batch = [rep.queue.popleft() for _ in range(min(s.max_batch_size, len(rep.queue)))]
-            now = self.env.now
-            counts = {}
+            now = self.env._now
+            batch, counts = [], {}
+            for _ in range(min(s.max_batch_size, len(queue))):
+                job = queue.popleft()
+                batch.append(job)
+                queue_s.append(now - job.submitted)
+                role = job.call.role
+                counts[role] = counts.get(role, 0) + 1
+            pool.batches += 1
+            pool.batched += len(batch)
+            ms = 0
+            for role, n in counts.items():  # as `sum` adds them: from int 0, in the roles' order
+                ms += vision[role](n)
+            yield self._compute(rep, ms)
             for job in batch:
-                rep.pool.queue_s.append(now - job.submitted)
-                counts[job.call.role] = counts.get(job.call.role, 0) + 1
-            rep.pool.batches += 1
-            rep.pool.batched += len(batch)
-            yield self._compute(rep, sum(vision[role](n) for role, n in counts.items()))
-            for job in batch:
-                self._job_done(job)
+                job_done(job)
 
     def _decode_loop(self, rep: _Replica):
         s = rep.pool.settings
@@ -851,15 +867,17 @@ class Simulation:
         rows: dict[int, list[_Job]] = {}  # the step at which they finish -> rows
         running, steps = 0, 0
         queue, pool, coast = rep.queue, rep.pool, self.cores is None and self.coast
+        env, queue_s, job_done = self.env, pool.queue_s, self._job_done
+        max_batch, wait_s = s.max_batch_size, s.batch_wait_s
         while True:
             while not running and not queue:
                 yield self._idle(rep)
-            if not running and s.batch_wait_s:
-                waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size)
+            if not running and wait_s:
+                waiting = self._fill(rep, wait_s, max_batch)
                 if waiting is not None:
                     yield waiting
                     rep.full = None
-            full = running >= s.max_batch_size
+            full = running >= max_batch
             if coast and running and (full or not queue):
                 # Own devices, no job to join: the steps until the next row finishes all take
                 # step(running), so they run as one wait — cut short at the end of the step a job
@@ -870,17 +888,23 @@ class Simulation:
                     steps += done
                     for job in rows.pop(steps, ()):
                         running -= 1
-                        self._job_done(job)
+                        job_done(job)
                     continue
             ms = 0.0
             if queue and not full:
-                now = self.env.now
-                new = [queue.popleft() for _ in range(min(s.max_batch_size - running, len(queue)))]
-                for job in new:
-                    pool.queue_s.append(now - job.submitted)
-                    rows.setdefault(steps + max(1, job.left), []).append(job)
-                ms += prefill(sum(j.call.prompt_tokens for j in new))
-                running += len(new)
+                now, tokens = env._now, 0
+                for _ in range(min(max_batch - running, len(queue))):
+                    job = queue.popleft()
+                    queue_s.append(now - job.submitted)
+                    at = steps + (job.left if job.left > 1 else 1)
+                    joining = rows.get(at)
+                    if joining is None:
+                        rows[at] = [job]
+                    else:
+                        joining.append(job)
+                    tokens += job.call.prompt_tokens
+                    running += 1
+                ms += prefill(tokens)
             ms += step(running)
             pool.batches += 1
             pool.batched += running
@@ -888,7 +912,7 @@ class Simulation:
             steps += 1
             for job in rows.pop(steps, ()):
                 running -= 1
-                self._job_done(job)
+                job_done(job)
 
     def _coast(self, rep: _Replica, step_ms: float, k: int, running: int, can_join: bool):
         """Up to `k` decode steps of `step_ms` with `running` rows (own devices): all `k`, or — when
@@ -899,17 +923,17 @@ class Simulation:
         later figure as another seed would (the worked example's plan came out 262.5 GPUs against
         256.5 that way)."""
         env, d = self.env, step_ms / 1000
-        start = env.now
+        start = env._now
         end = repeated_sum(start, d, k)
         if can_join:
             yield self._by(self._idle(rep), end - start)
             rep.wake = None
             done = k
-            if env.now < end:  # a job arrived
+            if env._now < end:  # a job arrived
                 done, at = 1, start + d
-                while at < env.now:
+                while at < env._now:
                     done, at = done + 1, at + d
-                yield env.timeout(at - env.now)
+                yield env.timeout(at - env._now)
         else:
             yield env.timeout(end - start)
             done = k
@@ -924,7 +948,7 @@ class Simulation:
         exp = self.rng.expovariate
         while True:
             yield self.env.timeout(exp(rate))
-            if self.env.now >= until:
+            if self.env._now >= until:
                 return
             self.arrive()
 
@@ -932,7 +956,7 @@ class Simulation:
         for t in sorted(arrivals):
             if t >= until:
                 return
-            yield self.env.timeout(max(0.0, t - self.env.now))
+            yield self.env.timeout(max(0.0, t - self.env._now))
             self.arrive()
 
     def run(self, *, rate: float | None = None, concurrency: int | None = None, duration_s: float = 60.0,
@@ -961,7 +985,7 @@ class Simulation:
             self.env.process(self._open_loop(rate, duration_s))
         else:
             def again():
-                if self.env.now < duration_s:
+                if self.env._now < duration_s:
                     self.arrive()
             self.on_done = again
             for _ in range(concurrency):
@@ -1006,7 +1030,7 @@ class Simulation:
             busy = sum(r.compute_s for r in pool.replicas)
             q = np.frombuffer(pool.queue_s, dtype=float) * 1000
             pools[name] = {"replicas": len(pool.replicas),
-                           "utilisation": round(busy / (len(pool.replicas) * self.env.now), 3) if self.env.now else 0,
+                           "utilisation": round(busy / (len(pool.replicas) * self.env._now), 3) if self.env._now else 0,
                            "queue_ms_mean": round(_mean_in_order(q), 2) if len(q) else 0.0,
                            "queue_ms_p95": round(percentile(q, 95), 2) if len(q) else 0.0, "rejected": pool.rejected,
                            "mean_batch": round(pool.batched / pool.batches, 2) if pool.batches else None}
