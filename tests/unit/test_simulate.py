@@ -216,6 +216,36 @@ def test_called_off_events_are_dropped_and_the_rest_run_in_their_order():
     assert ran == [i for _, i, _ in sorted(events, key=lambda e: e[:2]) if i not in off]
 
 
+def test_a_wake_processed_in_place_runs_in_the_order_a_trip_through_the_queue_gives():
+    """`succeed_next` processes a succeeded event at once where nothing else is due now (simpy would
+    pop it next) and queues it otherwise: either way everything runs in the order `succeed` gives,
+    ties included, and the wakes at times of their own skip the queue."""
+    from benchmarks.simulate import _Environment
+
+    def script(in_place: bool):
+        env, ran = _Environment(), []
+
+        def woken(i):
+            ran.append(("wake", i, env.now))
+            if i % 4 == 0:  # a wake that sets more work for this very instant
+                env.timeout(0).callbacks.append(lambda _e: ran.append(("then", i, env.now)))
+
+        for i in range(400):
+            wake = env.event()
+            wake.callbacks.append(lambda _e, i=i: woken(i))
+            # Half the alarms share their times with others (ties), half have times of their own.
+            at = (i * 37 % 50) / 10 if i % 2 else 10 + i / 7
+            alarm = env.timeout(at)
+            alarm.callbacks.append(lambda _e, w=wake: env.succeed_next(w) if in_place else w.succeed())
+            env.timeout((i * 11 % 50) / 10).callbacks.append(lambda _e, i=i: ran.append(("other", i, env.now)))
+        env.run()
+        return ran, next(env._eid)
+
+    (queued, queued_ids), (in_place, in_place_ids) = script(False), script(True)
+    assert in_place == queued
+    assert queued_ids - in_place_ids >= 150  # the 200 wakes at times of their own, less any tie
+
+
 def test_a_simulation_leaves_no_reference_cycles():
     """The cyclic collector is off while a simulation runs: a run must make no cycles, or its garbage
     would pile up — coasting loops woken early and shared cores alike."""
