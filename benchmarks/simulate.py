@@ -484,9 +484,7 @@ class _Pool:
         if self.admit is not None and replica.ongoing >= self.admit:
             self.rejected += 1  # the Router's admission limit: turned away before any work
             return False
-        replica.ongoing += 1
-        job.replica = replica
-        self.sim.on_assigned(self, job, replica)
+        self.assign(job, replica)
         return True
 
     def assign(self, job, replica: _Replica) -> None:
@@ -736,14 +734,12 @@ class Simulation:
         calls = req.phases[req.phase]
         req.phase += 1
         req.pending = 0
-        now = self.env._now
         for call, pool, copies, overhead in calls:
             for _ in range(copies):
                 req.pending += 1
                 if overhead:  # the call's RPC and feature fetch come before the replica sees it
                     self._cpu(overhead, "overhead", lambda c=call, p=pool: self._submit(req, c, p))
-                elif not pool.submit(_Job(req, call, now)):  # `_submit`: nothing failed it since the top
-                    self._finish(req, rejected=True)
+                elif not self._submit(req, call, pool):
                     return
 
     def _submit(self, req: _Request, call: Call, pool: _Pool) -> bool:
