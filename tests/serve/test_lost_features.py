@@ -12,7 +12,7 @@ import time
 import httpx
 
 from tests.conftest import make_png
-from tests.serve.conftest import app_configs, deploy
+from tests.serve.conftest import app_configs, deploy, handle
 
 
 def _slow_reasoning_app() -> dict:
@@ -48,7 +48,14 @@ def test_features_lost_between_stages_are_encoded_again(serve_url):
 
         thread = threading.Thread(target=ask)
         thread.start()
-        time.sleep(0.7)  # the reasoning is decoding with features owned by the encoder replica
+        # Kill the encoder once it has encoded the image: the reasoning then decodes with features
+        # that replica owns. A fixed sleep raced the first request's start-up on a slow CI machine
+        # (killed before the encoding: one encode, on the replacement replica).
+        encoder, deadline = handle("VisionEncoder", "lost"), time.monotonic() + 60
+        while encoder.stats.remote().result()["encoded"]["small"] < 1:
+            assert thread.is_alive() and time.monotonic() < deadline, "the image was never encoded"
+            time.sleep(0.02)
+        assert thread.is_alive(), "the request ended before the encoder could be killed"
         killed = _kill_vision_encoder("lost")
         thread.join()
         r = out["response"]

@@ -122,9 +122,15 @@ def test_a_short_request_is_not_held_behind_a_long_reasoning(serve_url):
 
         httpx.post(url, json={"model": "tandem:large", "max_tokens": 8,  # warm the route
                               "messages": [{"role": "user", "content": "warm"}]}, timeout=60)
+        large = handle("LargeAnswerer", "fake")
+        batches = len(large.stats.remote().result()["batch_sizes"])
         thread = threading.Thread(target=long)
         thread.start()
-        time.sleep(0.3)  # the reasoning (200 steps, 2 s) is decoding
+        # The reasoning (200 steps, 2 s) is decoding once its batch has started: waited for, not slept
+        # for, so a slow start cannot leave the short request to run alone.
+        while len(large.stats.remote().result()["batch_sizes"]) == batches:
+            assert not long_done.is_set() and thread.is_alive()
+            time.sleep(0.02)
         start = time.perf_counter()
         r = httpx.post(url, json={"model": "tandem:large", "max_tokens": 8,
                                   "messages": [{"role": "user", "content": "short"}]}, timeout=60)
