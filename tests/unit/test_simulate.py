@@ -824,12 +824,49 @@ def test_the_check_simulates_each_load_at_the_speed_its_canary_measured():
     prof["source"]["canary_ms"] = 5.0
     slow = copy.deepcopy(c16)
     slow["measured"].update(canary_ms=10.0, canary_ms_windows=[10.0] * 10)
-    [unmeasured, measured] = compare(prof, [copy.deepcopy(c16), slow], cfg, 20.0, 2, 0.25)
+    [unmeasured, measured] = compare(prof, [copy.deepcopy(c16), slow], cfg, 20.0, 2, 0.25, elasticity=1.0)
     assert unmeasured["machine_slower"] is None and "simulated_profile_speed" not in unmeasured
     assert unmeasured["simulated"]["throughput_rps"] == before["simulated"]["throughput_rps"]
     assert measured["machine_slower"] == 2.0
     assert measured["simulated_profile_speed"]["throughput_rps"] == before["simulated"]["throughput_rps"]
     assert measured["simulated"]["throughput_rps"] < before["simulated"]["throughput_rps"] * 0.6
+
+
+def test_the_check_runs_the_app_at_the_canarys_slowdown_to_the_power_of_its_elasticity():
+    """A load whose canary read the machine 4x slower, taken at elasticity 0.5, is simulated exactly as
+    one read 2x slower taken one for one — and by default (0.73) between 1x and 4x."""
+    import copy
+
+    from benchmarks.sim_check import compare
+
+    prof, c16 = saved_run("run35", 16)
+    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    prof["source"]["canary_ms"] = 5.0
+
+    def at(ms: float, **kw) -> dict:
+        load = copy.deepcopy(c16)
+        load["measured"].update(canary_ms=ms, canary_ms_windows=[ms] * 10)
+        [row] = compare(copy.deepcopy(prof), [load], cfg, 20.0, 2, 0.25, **kw)
+        return row
+
+    half, whole = at(20.0, elasticity=0.5), at(10.0, elasticity=1.0)
+    assert half["simulated"] == whole["simulated"]
+    assert half["machine_slower"] == 4.0  # the canary's own reading, as reported
+    default, alone = at(20.0), at(5.0)
+    assert (at(20.0, elasticity=1.0)["simulated"]["throughput_rps"] < default["simulated"]["throughput_rps"]
+            < alone["simulated"]["throughput_rps"])
+
+
+def test_the_elasticity_fit_finds_the_power_the_apps_cpu_moved_by():
+    """Loads whose CPU per request went as the canary's slowdown to the 0.6 give 0.6 (r = 1); loads
+    without a canary reading are left out; too few loads is an error, not a number."""
+    from benchmarks.sim_check import fit_elasticity
+
+    points = [{"machine_slower": s, "cpu_vs_profile": s ** 0.6} for s in (0.7, 0.9, 1.0, 1.3, 1.8)]
+    points.append({"machine_slower": None, "cpu_vs_profile": 1.5})
+    assert fit_elasticity(points) == {"elasticity": 0.6, "r": 1.0, "loads": 5}
+    with pytest.raises(ValueError):
+        fit_elasticity(points[:2])
 
 
 def test_the_check_runs_the_model_loops_at_the_model_units_speed_when_asked():
