@@ -44,6 +44,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -208,15 +209,13 @@ def fit_elasticity(points: list[dict]) -> dict:
     """The least-squares slope of log(the app's CPU per request against the profile's) on log(the
     canary's slowdown) over saved loads (`sim_check.json` points): how far the app's speed follows the
     canary's; with its correlation and the number of loads."""
-    pairs = [(math.log(pt["machine_slower"]), math.log(pt["cpu_vs_profile"])) for pt in points
-             if pt.get("machine_slower") and pt.get("cpu_vs_profile")]
-    if len(pairs) < 3:
-        raise ValueError(f"{len(pairs)} loads with a canary reading and a CPU figure: too few to fit")
-    n = len(pairs)
-    mx, my = sum(x for x, _ in pairs) / n, sum(y for _, y in pairs) / n
-    sxx, syy = sum((x - mx) ** 2 for x, _ in pairs), sum((y - my) ** 2 for _, y in pairs)
-    sxy = sum((x - mx) * (y - my) for x, y in pairs)
-    return {"elasticity": round(sxy / sxx, 3), "r": round(sxy / math.sqrt(sxx * syy), 3), "loads": n}
+    used = [pt for pt in points if pt.get("machine_slower") and pt.get("cpu_vs_profile")]
+    if len(used) < 3:
+        raise ValueError(f"{len(used)} loads with a canary reading and a CPU figure: too few to fit")
+    x = [math.log(pt["machine_slower"]) for pt in used]
+    y = [math.log(pt["cpu_vs_profile"]) for pt in used]
+    return {"elasticity": round(statistics.linear_regression(x, y).slope, 3),
+            "r": round(statistics.correlation(x, y), 3), "loads": len(used)}
 
 
 def mean_slower(profile_dict: dict, measured: dict, unit: str = "py") -> float | None:
