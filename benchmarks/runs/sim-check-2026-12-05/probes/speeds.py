@@ -7,7 +7,7 @@ the canary's model unit's slowdown as read: `--model-unit torch`), or `app-cpu`:
 measured CPU per request against the profile's (`cpu_vs_profile`) — an input taken from the load
 itself, so not a prediction, only a bound on what a perfect reading of that kind would give.
 
-    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/speeds.py 44 106 py:0 py:0.5 py:0.73 py:1 torch:0.73 torch:1 app-cpu
+    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/speeds.py 44 109 py:0 py:0.5 py:0.73 py:1 torch:0.73 torch:1 app-cpu
 """
 import contextlib
 import io
@@ -18,7 +18,7 @@ from pathlib import Path
 import benchmarks.sim_check as sc
 
 RUNS = Path(__file__).resolve().parents[2]
-SPLITS = ((44, 93), (94, 106))  # the elasticity (0.73) was fitted on runs 44-93's CPU; 94- ran after
+FITTED_ON = (44, 93)  # the elasticity (0.73) was fitted on these runs' CPU; the later ones ran after
 
 
 def figures(rows: list[dict]) -> int:
@@ -49,10 +49,11 @@ def main(lo: int, hi: int, models: list[str]) -> None:
         for m in models:
             got[m][int(run.name[3:])] = figures(resimulated(run, m))
         print(run.name, {m: got[m][int(run.name[3:])] for m in models}, flush=True)
-    print(f"\n{'model':<11}" + "".join(f"{f'runs {a}-{b}':>22}" for a, b in SPLITS + ((lo, hi),)))
+    splits = (FITTED_ON, (FITTED_ON[1] + 1, hi), (lo, hi))
+    print(f"\n{'model':<11}" + "".join(f"{f'runs {a}-{b}':>22}" for a, b in splits))
     for m in models:
         cells = []
-        for a, b in SPLITS + ((lo, hi),):
+        for a, b in splits:
             f = [v for n, v in got[m].items() if a <= n <= b]
             cells.append(f"{sum(x == 8 for x in f)}/{len(f)} ({sum(f)}/{8 * len(f)})")
         print(f"{m:<11}" + "".join(f"{c:>22}" for c in cells))
