@@ -190,10 +190,11 @@ _CANARY_KEY = {"py": "canary_ms", "torch": "canary_torch_ms"}
 # How far the app's speed follows the canary's Python unit: over a load, the app's CPU per request
 # against the profile's moved as the canary's slowdown to the power 0.73 — not one for one (the
 # log-log slope over the 200 loads of saved runs 44-93, r = 0.69; 0.71-0.74 over runs 44-68, 69-93
-# or 86-93 alone: `--fit-elasticity`; with runs 94-102, measured at this figure, 0.71). Each load is
+# or 86-93 alone: `--fit-elasticity`; with runs 94-109, measured at this figure, 0.66). Each load is
 # simulated at the canary's slowdown to this power. Taken one for one (until 2026-12-05) the canary
 # over-corrected both ways; re-simulated, runs 44-93 meet the whole bar in 29 of 50 at 0.73, in 19 at
-# 1 — runs 94-102, out of sample, in 4 of 9 against 5 (benchmarks/README.md, "The canary's elasticity").
+# 1 — but runs 94-109, out of sample, in 4 of 16 against 6, and 4 with no canary at all: no model of
+# the speed tried does better there (benchmarks/README.md, "The canary's elasticity", "Runs 103-109").
 CANARY_ELASTICITY = 0.73
 
 
