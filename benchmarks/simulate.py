@@ -524,6 +524,7 @@ class _Cores:
         self.due: dict[str, list] = {c: [] for c in self.CLASSES}  # heaps of (served at the end, seq, done)
         self.rate = dict.fromkeys(self.CLASSES, 0.0)
         self.last, self._seq, self._timer = 0.0, 0, 0
+        self.work_s = 0.0  # all the work charged, at the profile's speed
 
     def count(self, cls: str) -> int:
         return len(self.due[cls])
@@ -541,6 +542,7 @@ class _Cores:
         """`done()` once `work_s` seconds of this machine's work at the profile's speed has run."""
         self._advance()
         self._seq += 1
+        self.work_s += work_s
         heapq.heappush(self.due[cls], (self.served[cls] + work_s, self._seq, done))
         self._schedule()
 
@@ -1047,13 +1049,18 @@ class Simulation:
                            "queue_ms_p95": round(percentile(q, 95), 2) if len(q) else 0.0, "rejected": pool.rejected,
                            "mean_batch": round(pool.batched / pool.batches, 2) if pool.batches else None}
         gpus = sum(len(p.replicas) * p.settings.gpus_per_replica for p in self.pools.values())
+        # On shared cores: the CPU work charged per answered request, at the profile's speed, over the
+        # whole run (those still in flight at its end counted half done) — what a load's measured CPU
+        # per request is to be set against, to read how fast the machine ran it (benchmarks/sim_check.py).
+        cpu = ({"cpu_ms_per_request": round(1000 * self.cores.work_s / max(1.0, len(self.latency_s) + self.in_flight / 2), 3)}
+               if self.cores is not None else {})
         return {"benchmark": "simulate", "rate_rps": rate, "concurrency": concurrency, "duration_s": duration_s,
                 "replicas": {n: len(p.replicas) for n, p in self.pools.items()}, "gpus": gpus,
                 "throughput_rps": round(done / window, 2) if window > 0 else math.nan,
                 "mean_ms": round(_mean_in_order(lat), 2) if len(lat) else math.nan, "p50_ms": round(percentile(lat, 50), 2), "p95_ms": round(percentile(lat, 95), 2),
                 "p99_ms": round(percentile(lat, 99), 2), "completed": len(lat), "rejected": rejected,
                 "rejection_rate": round(rejected / arrived, 4) if arrived else 0.0,
-                "paths": paths, "pools": pools, "wall_s": round(wall_s, 2)}
+                "paths": paths, "pools": pools, **cpu, "wall_s": round(wall_s, 2)}
 
 
 def _mean_in_order(values: np.ndarray) -> float:

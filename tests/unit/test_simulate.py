@@ -427,6 +427,19 @@ def test_measured_cpu_the_stages_do_not_account_for_loads_shared_cores_only():
     assert one["p50_ms"] == pytest.approx(1 + 8 + 22, abs=1e-6)
 
 
+def test_on_shared_cores_a_simulation_reports_the_cpu_it_charged_each_request():
+    """One request at a time, the simulation charges a request the profile's measured CPU per request
+    (its stages, and the rest beside them) and says so; on own devices it charges no CPU and says
+    nothing of it."""
+    import dataclasses
+
+    p = dataclasses.replace(profile(), cpu_ms_per_request=200.0)
+    one = simulate(p, Workload.mutual(0.0, AGREE), {}, settings(), concurrency=1, duration_s=20, host_cores=2)
+    assert one["cpu_ms_per_request"] == pytest.approx(200.0, rel=0.02)
+    assert "cpu_ms_per_request" not in simulate(p, Workload.mutual(0.0, AGREE), {}, settings(), concurrency=1,
+                                                duration_s=20)
+
+
 def test_the_open_loop_check_counts_requests_that_end_after_sending_stops():
     """Near saturation the last requests sent queue longest; the measured p50 must count them, as the
     simulator does (its open loop drains), or the comparison sets a censored median against a full one."""
@@ -891,6 +904,36 @@ def test_the_check_runs_the_model_loops_at_the_model_units_speed_when_asked():
     # doubling it alone costs well under half the throughput (0.85x since the cores are shared as
     # processor sharing; 0.8x was asked of the model before it, which over-delivered work).
     assert model_slow["simulated"]["throughput_rps"] < py_only["simulated"]["throughput_rps"] * 0.9
+
+
+def test_the_check_also_runs_each_load_at_the_speed_its_own_cpu_says_it_ran():
+    """Beside the check, a load is simulated at its measured CPU per request over what the simulation
+    charges a request of it at the profile's speed: a load that spent just that is simulated as at the
+    profile's speed; one that spent twice that, as on a machine twice as slow — and neither changes the
+    check's own figures."""
+    import copy
+
+    from benchmarks.sim_check import compare
+
+    prof, c16 = saved_run("run35", 16)
+    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    [first] = compare(copy.deepcopy(prof), [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
+    charged = c16["measured"]["cpu_ms_per_request"] / first["speed_given_cpu"]
+
+    def spent(ms: float) -> dict:
+        load = copy.deepcopy(c16)
+        load["measured"]["cpu_ms_per_request"] = ms
+        [row] = compare(copy.deepcopy(prof), [load], cfg, 20.0, 2, 0.25)
+        return row
+
+    same, twice = spent(charged), spent(2 * charged)
+    assert same["speed_given_cpu"] == pytest.approx(1.0, abs=1e-3)
+    assert same["simulated_given_cpu"]["throughput_rps"] == pytest.approx(same["simulated"]["throughput_rps"], rel=0.01)
+    assert twice["speed_given_cpu"] == pytest.approx(2.0, abs=1e-3)
+    assert twice["simulated_given_cpu"]["throughput_rps"] < 0.6 * twice["simulated"]["throughput_rps"]
+    assert twice["simulated"] == same["simulated"] == first["simulated"]
+    assert twice["given_cpu_errors"][0] == pytest.approx(
+        twice["simulated_given_cpu"]["throughput_rps"] / c16["measured"]["throughput_rps"] - 1, abs=1e-3)
 
 
 def test_a_profile_measured_under_steal_is_taken_as_that_much_longer_than_its_work():
