@@ -196,9 +196,9 @@ _CANARY_KEY = {"py": "canary_ms", "torch": "canary_torch_ms"}
 # or 86-93 alone: `--fit-elasticity`; with runs 94-109, measured at this figure, 0.66). Each load is
 # simulated at the canary's slowdown to this power. Taken one for one (until 2026-12-05) the canary
 # over-corrected both ways; re-simulated, runs 44-93 meet the whole bar in 29 of 50 at 0.73, in 19 at
-# 1 — but runs 94-113, out of sample, in 6 of 20: no model of the speed tried does better over in and
+# 1 — but runs 94-115, out of sample, in 6 of 22: no model of the speed tried does better over in and
 # out of sample together (benchmarks/README.md, "The canary's elasticity", "Runs 103-109", "Given the
-# speed": the model itself, at each load's own CPU's speed, meets the bar in 52 of runs 44-113).
+# speed": the model itself, at each load's own CPU's speed, meets the bar in 53 of runs 44-115).
 CANARY_ELASTICITY = 0.73
 
 

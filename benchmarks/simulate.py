@@ -49,7 +49,9 @@ On GPU pools leave it unset: each replica owns its device. What is not modelled:
 feature cache, autoscaling (pools are fixed), stop strings ending a row early (steps are counts).
 
 Output: a table and one JSON line — throughput, p50/p95/p99, rejection rate, and per pool its
-utilisation (compute time / replica time), queueing time (submitted → in a batch) and mean batch.
+utilisation (compute time / replica time), queueing time (submitted → in a batch) and mean batch;
+with shared cores also the CPU work it charged per answered request, at the profile's speed
+(`cpu_ms_per_request`: against a load's measured figure, how fast the machine ran it).
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ the fits): `UNIT:A:B[:const]` runs all the app's CPU work at exp(A) x (the unit'
 2 s window, or (`const`) at the load's mean slowdown throughout. Counts the runs meeting the whole
 bar and the figures within, runs 44-93 / 94- / all.
 
-    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/predicted.py 94 113 py:0:0.73 torch:-0.081:0.88 torch:-0.081:0.88:const
+    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/predicted.py 94 115 py:0:0.73 torch:-0.081:0.88 torch:-0.081:0.88:const
     PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/predicted.py 44 93 py:0:0.73 torch:-0.081:0.88
 
-(outputs: predicted-94-113.out, predicted-44-93.out; `py:0:0.73` is the check as shipped.)
+(outputs: predicted-94-115.out, predicted-44-93.out; `py:0:0.73` is the check as shipped.)
 """
 import contextlib
 import io
