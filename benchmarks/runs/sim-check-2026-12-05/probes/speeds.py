@@ -11,7 +11,7 @@ from the load itself, so they are no prediction, only bounds on what a perfect r
 would give; `app-cpu` is the looser (session 40's): its denominator does not know how the load batched.
 
     PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/speeds.py 44 109 py:0 py:0.5 py:0.73 py:1 torch:0.73 torch:1 app-cpu
-    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/speeds.py 44 109 py:0.73 app-cpu sim-cpu
+    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/speeds.py 44 115 py:0.73 app-cpu sim-cpu   # speeds-given-cpu.out
 """
 import contextlib
 import io
