@@ -235,6 +235,21 @@ def within(measured: float, simulated: float, tolerance: float) -> tuple[float, 
     return round(err, 3), abs(err) <= tolerance
 
 
+def simulation_inputs(profile_dict: dict, points: list[dict]) -> tuple[Profile, Workload]:
+    """What a run's loads are simulated from: its profile, and the workload of its lightest closed loop."""
+    profile = Profile.from_dict(profile_dict)
+    stolen = profile_dict["source"].get("steal") or 0.0
+    if stolen:  # its times are wall times: on cores the hypervisor gave that share to others, longer
+        # than the work (each load's own steal is taken from its cores in compare, so none counts twice)
+        profile = profile.scaled({k: 1 - stolen for k in ("router", "vision", "small", "large")})
+    # The items' own workload — the paths and stage sizes of the lightest closed loop's answers, the
+    # same items one at a time — for every load: which items transfer is a property of the items (the
+    # profile's 60-item sample was off by 4-9 points), while the shedding an overloaded app does
+    # (answers without the small model) is an outcome the simulator has to predict, not an input.
+    base = min((pt for pt in points if pt["kind"] == "closed"), key=lambda pt: pt["load"])
+    return profile, Workload.from_measured(base["measured"]["workload"])
+
+
 def compare(profile_dict: dict, points: list[dict], settings: dict, duration: float, host_cores: float,
             tolerance: float, model_unit: str = "py", elasticity: float = CANARY_ELASTICITY) -> list[dict]:
     """Each measured load simulated from the profile, with its errors; the points, annotated. The app
@@ -242,20 +257,11 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
     speed of the canary's `model_unit` where asked and measured (as it read: not fitted). The Python
     unit by default: over runs 44-61 the model unit's speed for the model loops met the bar no more
     often (benchmarks/README.md, runs 53-61)."""
-    profile = Profile.from_dict(profile_dict)
-    stolen = profile_dict["source"].get("steal") or 0.0
-    if stolen:  # its times are wall times: on cores the hypervisor gave that share to others, longer
-        # than the work (each load's own steal is taken from its cores below, so none counts twice)
-        profile = profile.scaled({k: 1 - stolen for k in ("router", "vision", "small", "large")})
+    profile, workload = simulation_inputs(profile_dict, points)
     print(f"workload of the profile's {profile.workload.get('requests', 0)} requests: "
           f"{Workload.from_measured(profile.workload).describe()}")
     replicas = {"Router": 1, "VisionEncoder": 1, "SmallReasoner": 1, "LargeAnswerer": 1}
-    # The items' own workload — the paths and stage sizes of the lightest closed loop's answers, the
-    # same items one at a time — for every load: which items transfer is a property of the items (the
-    # profile's 60-item sample was off by 4-9 points), while the shedding an overloaded app does
-    # (answers without the small model) is an outcome the simulator has to predict, not an input.
     base = min((pt for pt in points if pt["kind"] == "closed"), key=lambda pt: pt["load"])
-    workload = Workload.from_measured(base["measured"]["workload"])
     print(f"workload of the closed loop at {base['load']} (simulated for every load): {workload.describe()}")
     rows = []
     for pt in points:

@@ -9,9 +9,15 @@ each load at its own measured CPU per request against what the simulation charge
 load at the profile's speed (sim_check's `speed_given_cpu`, session 41). The last two take an input
 from the load itself, so they are no prediction, only bounds on what a perfect reading of the speed
 would give; `app-cpu` is the looser (session 40's): its denominator does not know how the load batched.
+A model `fit:UNIT:A:B[:const]` runs all the app's CPU work at exp(A) x (that canary unit's slowdown)^B,
+per 2 s window, or (`const`) at the load's mean slowdown throughout, where the unit read none at
+exp(A): a predictor fitted on runs 44-93 against the speed each load's own CPU says it ran at (the
+fits `sim-cpu` prints).
 
     PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/speeds.py 44 109 py:0 py:0.5 py:0.73 py:1 torch:0.73 torch:1 app-cpu
     PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/speeds.py 44 115 py:0.73 app-cpu sim-cpu   # speeds-given-cpu.out
+    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/speeds.py 94 115 py:0.73 fit:torch:-0.081:0.88 fit:torch:-0.081:0.88:const   # predicted-94-115.out
+    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/speeds.py 44 93 py:0.73 fit:torch:-0.081:0.88   # predicted-44-93.out
 """
 import contextlib
 import io
@@ -35,12 +41,25 @@ def figures(rows: list[dict], given_cpu: bool = False) -> int:
 def resimulated(run: Path, model: str) -> list[dict]:
     profile, saved = (json.loads((run / f).read_text()) for f in ("profile.json", "sim_check.json"))
     points = [{k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"]]
-    unit, _, e = ("py", "", "0.73") if model == "sim-cpu" else model.partition(":")  # sim-cpu: the column beside
     patched = sc.machine_slower
-    if model == "app-cpu":
+    if model == "sim-cpu":  # the column beside the check
+        unit, e = "py", "0.73"
+    elif model == "app-cpu":
         ratio = {id(p["measured"]): s["cpu_vs_profile"] for p, s in zip(points, saved["points"])}
         sc.machine_slower = lambda profile_dict, measured, unit="py": [ratio[id(measured)]]
         unit, e = "py", "1"
+    elif model.startswith("fit:"):
+        _, fit_unit, a, b, *const = model.split(":")
+
+        def predicted(profile_dict, measured, unit="py"):
+            w = patched(profile_dict, measured, fit_unit)
+            if w and const:
+                w = [sum(w) / len(w)]
+            return [math.exp(float(a)) * x ** float(b) for x in w] if w else [math.exp(float(a))]
+        sc.machine_slower = predicted
+        unit, e = "py", "1"
+    else:
+        unit, _, e = model.partition(":")
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             return sc.compare(profile, points, sc.run_settings(saved), 60.0, saved["host_cores"], 0.25, unit, float(e))
@@ -60,13 +79,14 @@ def main(lo: int, hi: int, models: list[str]) -> None:
                 given_rows += [dict(r, run=int(run.name[3:])) for r in rows]
         print(run.name, {m: got[m][int(run.name[3:])] for m in models}, flush=True)
     splits = (FITTED_ON, (FITTED_ON[1] + 1, hi), (lo, hi))
-    print(f"\n{'model':<11}" + "".join(f"{f'runs {a}-{b}':>22}" for a, b in splits))
+    width = max(11, *map(len, models))
+    print(f"\n{'model':<{width}}" + "".join(f"{f'runs {a}-{b}':>22}" for a, b in splits))
     for m in models:
         cells = []
         for a, b in splits:
             f = [v for n, v in got[m].items() if a <= n <= b]
             cells.append(f"{sum(x == 8 for x in f)}/{len(f)} ({sum(f)}/{8 * len(f)})")
-        print(f"{m:<11}" + "".join(f"{c:>22}" for c in cells))
+        print(f"{m:<{width}}" + "".join(f"{c:>22}" for c in cells))
     if given_rows:
         given_cpu_report(given_rows, splits)
 

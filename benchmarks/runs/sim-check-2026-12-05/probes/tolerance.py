@@ -2,7 +2,7 @@
 the open loop re-simulated at multiples 0.80-1.20 of the speed its own CPU says it ran at (sim_check's
 `speed_given_cpu`), each multiple marked `#` where its throughput and p50 are both within ±25 %.
 
-    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/tolerance.py 44 109
+    PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/tolerance.py 44 115
 """
 import contextlib
 import io
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import benchmarks.sim_check as sc
-from benchmarks.simulate import Profile, Workload, simulate
+from benchmarks.simulate import simulate
 
 RUNS = Path(__file__).resolve().parents[2]
 MULTIPLES = [round(0.80 + 0.02 * i, 2) for i in range(21)]
@@ -23,11 +23,7 @@ def main(lo: int, hi: int) -> None:
     for run in sorted((d for d in RUNS.glob("sim-check-*/run*") if lo <= int(d.name[3:]) <= hi),
                       key=lambda d: int(d.name[3:])):
         profile_dict, saved = (json.loads((run / f).read_text()) for f in ("profile.json", "sim_check.json"))
-        profile = Profile.from_dict(profile_dict)
-        if stolen := profile_dict["source"].get("steal"):  # as sim_check's compare takes it
-            profile = profile.scaled({k: 1 - stolen for k in ("router", "vision", "small", "large")})
-        base = min((p for p in saved["points"] if p["kind"] == "closed"), key=lambda p: p["load"])
-        workload = Workload.from_measured(base["measured"]["workload"])
+        profile, workload = sc.simulation_inputs(profile_dict, saved["points"])
         m = next(p for p in saved["points"] if p["kind"] == "open")["measured"]
         cores = saved["host_cores"] * (1 - (m.get("steal") or 0.0))
 
