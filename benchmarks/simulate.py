@@ -48,7 +48,9 @@ net of the model loops' work as this simulation batches it there, so the total i
 On GPU pools leave it unset: each replica owns its device. What is not modelled: the network and object-store transfer of features, the
 feature cache, autoscaling (pools are fixed), stop strings ending a row early (steps are counts).
 
-Output: a table and one JSON line — throughput, p50/p95/p99, rejection rate, and per pool its
+Output: a table and one JSON line — throughput, p50/p95/p99, rejection rate, for an open loop the
+requests still unanswered after its drain (`unfinished`: the percentiles are of the answered alone,
+and the planner takes no plan that leaves one), and per pool its
 utilisation (compute time / replica time), queueing time (submitted → in a batch) and mean batch;
 with shared cores also the CPU work it charged per answered request, at the profile's speed
 (`cpu_ms_per_request`: against a load's measured figure, how fast the machine ran it).
@@ -1037,7 +1039,12 @@ class Simulation:
         rejected_at = np.frombuffer(self.rejected, dtype=float)
         done = int(np.count_nonzero((start <= done_at) & (done_at < duration_s)))
         rejected = int(np.count_nonzero((warmup <= rejected_at) & (rejected_at < duration_s)))
-        arrived = len(lat) + rejected
+        # An open loop's requests still in flight after its drain: neither answered nor turned away, so
+        # its percentiles (of the answered alone) understate an overloaded app — counted, and among
+        # the arrivals the rejection rate is a share of. A closed loop ends with its clients' last
+        # requests in flight by design.
+        unfinished = self.in_flight if rate is not None else None
+        arrived = len(lat) + rejected + (unfinished or 0)
         paths: dict[str, int] = {}
         for p in compress(self.paths, counted.tolist()):
             paths[p] = paths.get(p, 0) + 1
@@ -1061,6 +1068,7 @@ class Simulation:
                 "throughput_rps": round(done / window, 2) if window > 0 else math.nan,
                 "mean_ms": round(_mean_in_order(lat), 2) if len(lat) else math.nan, "p50_ms": round(percentile(lat, 50), 2), "p95_ms": round(percentile(lat, 95), 2),
                 "p99_ms": round(percentile(lat, 99), 2), "completed": len(lat), "rejected": rejected,
+                "unfinished": unfinished,
                 "rejection_rate": round(rejected / arrived, 4) if arrived else 0.0,
                 "paths": paths, "pools": pools, **cpu, "wall_s": round(wall_s, 2)}
 
@@ -1095,6 +1103,9 @@ def print_result(r: dict) -> None:
     load = f"{r['rate_rps']} req/s open loop" if r["rate_rps"] is not None else f"concurrency {r['concurrency']}"
     print(f"{load}, {r['duration_s']:.0f} simulated s ({r['wall_s']} s wall): throughput {r['throughput_rps']} req/s, "
           f"p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, p99 {r['p99_ms']} ms, rejected {r['rejection_rate']:.2%}")
+    if r.get("unfinished"):
+        print(f"{r['unfinished']} requests still in flight after the drain: the percentiles are of the "
+              f"{r['completed']} answered alone, and understate an app this overloaded")
     print(f"{'pool':<14} {'replicas':>8} {'util':>6} {'queue_mean_ms':>14} {'queue_p95_ms':>13} {'mean_batch':>11}")
     for name, p in r["pools"].items():
         print(f"{name:<14} {p['replicas']:>8} {p['utilisation']:>6.2f} {p['queue_ms_mean']:>14.1f} "

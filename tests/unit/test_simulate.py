@@ -105,6 +105,22 @@ def test_a_bounded_queue_rejects_past_capacity_and_an_unbounded_one_does_not():
     assert light["rejection_rate"] == 0
 
 
+def test_an_overloaded_open_loop_counts_what_its_drain_left_unanswered_and_no_plan_passes_with_it():
+    """Queues without bounds at five times capacity: most requests are neither answered nor turned
+    away when the run ends. They are counted, the rejection rate is a share of every arrival, and a
+    planner does not take the answered ones' p95 for the app's."""
+    p = profile()
+    w = Workload.mutual(0.0, AGREE)
+    s = settings(max_batch_size=1, max_ongoing=1)
+    over = simulate(p, w, {}, s, rate=500, duration_s=4)
+    assert over["unfinished"] > over["completed"] > 0 and over["rejected"] == 0 and over["rejection_rate"] == 0
+    assert not Planner(p, w, s, p95_ms=1e9, verbose=False).meets(over)
+    light = simulate(p, w, {}, s, rate=5, duration_s=4)
+    assert light["unfinished"] == 0 and Planner(p, w, s, p95_ms=1e9, verbose=False).meets(light)
+    closed = simulate(p, w, {}, s, concurrency=4, duration_s=4)
+    assert closed["unfinished"] is None  # a closed loop's last requests are in flight by design
+
+
 def test_the_routers_admission_limit_sheds_at_the_door_and_keeps_capacity():
     """http.max_in_flight: past it a request is turned away before any work, so what is admitted
     waits behind at most the limit's worth of requests, and the app completes as many as without."""
