@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from benchmarks.plan import Planner, admission_limit, gpus, lower_bound, overlay
+from benchmarks.plan import STEADY_PATHS, Planner, admission_limit, default_duration, gpus, lower_bound, overlay
 from benchmarks.simulate import (PROFILE_KIND, ROOT, Call, Curve, PoolSettings, Profile, Workload, parse_replicas,
                                  settings_from_config, simulate)
 
@@ -380,6 +380,28 @@ def test_a_kept_admission_limit_takes_more_routers_to_carry_the_rate():
     replicas, result = planner.plan(200)
     assert replicas["Router"] >= 2 and planner.meets(result)
     assert planner.settings_for(replicas, 200)["Router"].admit == 4
+
+
+def test_a_plan_is_simulated_for_many_slowest_paths_and_its_sanity_runs_it_four_times_as_long(tmp_path, capsys):
+    """A reasoning path seconds long fills the decode batches over minutes: the planner's runs last
+    STEADY_PATHS of its latencies (at least 30 s), and --sanity reports the plan over four times that."""
+    from benchmarks.plan import main
+
+    w = Workload.mutual(0.3, AGREE)
+    assert default_duration(profile(), w) == 30.0  # a path of milliseconds
+    slow = profile(step=(100.0, 200.0))
+    assert default_duration(slow, w) == pytest.approx(STEADY_PATHS * w.unloaded_s(slow)) and w.unloaded_s(slow) > 2
+    d = profile_dict()
+    d["workload"] = {"policy": "mutual", "requests": 60, "images": 1, "transfer_rate": 0.3,
+                     "stages": {k: {**v, "n": 60} for k, v in AGREE.items()}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    assert main(["--profile", str(path), "--rate", "100", "--p95-ms", "300", "--sanity", "--config",
+                 str(ROOT / "serve_config.yaml")]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["longer"]["duration_s"] == 120.0 and isinstance(summary["longer"]["meets"], bool)
+    assert "over 120 simulated s" in out
 
 
 def test_overlay_fixes_replicas_and_drops_autoscaling():
