@@ -36,22 +36,10 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.simulate import (GENERATORS, POOLS, PoolSettings, Profile, Workload, add_workload_args, settings_for,
-                                 simulate, workload_for)
+from benchmarks.simulate import (GENERATORS, POOLS, STEADY_PATHS, PoolSettings, Profile, Workload, add_workload_args,
+                                 default_duration, settings_for, simulate, workload_for)
 from tandem.cli import read_tandem_args
 from tandem.config import calls_at_once, load_tandem_config, queue_to_hold
-
-
-# How long a candidate is simulated, in the slowest path's unloaded latencies: a pipeline whose
-# reasoning path takes seconds fills its decode batches, and with them its step times, over minutes,
-# so a short run judges a plan on its start. The worked example's plan (cluster/README.md) simulated
-# for 60 s had a p95 of 19.96 s, for 120 s 20.90, 300 s 21.23, 600 s 21.34, and over later windows
-# 21.6-22.1 s; the plan made at 20 paths (262 s there), 20.07 s over four times as long (+0.4 %).
-STEADY_PATHS = 20
-
-
-def default_duration(profile: Profile, workload: Workload) -> float:
-    return max(30.0, STEADY_PATHS * workload.unloaded_s(profile))
 
 
 def lower_bound(profile: Profile, workload: Workload, settings: dict[str, PoolSettings], rate: float) -> dict[str, int]:

@@ -53,7 +53,9 @@ requests still unanswered after its drain (`unfinished`: the percentiles are of 
 and the planner takes no plan that leaves one), and per pool its
 utilisation (compute time / replica time), queueing time (submitted → in a batch) and mean batch;
 with shared cores also the CPU work it charged per answered request, at the profile's speed
-(`cpu_ms_per_request`: against a load's measured figure, how fast the machine ran it).
+(`cpu_ms_per_request`: against a load's measured figure, how fast the machine ran it). A run shorter
+than `STEADY_PATHS` of the slowest path's unloaded latencies says so: its p95 is of a pipeline
+still filling its decode batches (the planner simulates that long).
 """
 
 from __future__ import annotations
@@ -1089,6 +1091,19 @@ def simulate(profile: Profile, workload: Workload, replicas: dict[str, int], set
     return sim.run(rate=rate, concurrency=concurrency, duration_s=duration_s, warmup_s=warmup_s, arrivals=arrivals)
 
 
+# How long a run must be to read the p95 a cluster settles at, in the slowest path's unloaded
+# latencies: a pipeline whose reasoning path takes seconds fills its decode batches, and with them its
+# step times, over minutes, so a short run reads its start. The worked example's plan of 2026-12-01
+# (cluster/README.md) simulated for 60 s had a p95 of 19.96 s, for 120 s 20.90, 300 s 21.23, 600 s
+# 21.34, and over later windows 21.6-22.1 s; the plan made at 20 paths (262 s there), 20.07 s over
+# four times as long (+0.4 %). The planner simulates its candidates this long.
+STEADY_PATHS = 20
+
+
+def default_duration(profile: Profile, workload: Workload) -> float:
+    return max(30.0, STEADY_PATHS * workload.unloaded_s(profile))
+
+
 def parse_replicas(text: str) -> dict[str, int]:
     out = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -1152,6 +1167,10 @@ def main(argv=None) -> int:
                  concurrency=args.concurrency, duration_s=args.duration_s, host_cores=args.host_cores,
                  seed=args.seed)
     print_result(r)
+    steady = default_duration(profile, workload)
+    if args.duration_s < steady:
+        print(f"(shorter than {STEADY_PATHS} of the slowest path's unloaded latencies, {steady:.0f} s: this run's p95 "
+              f"is of a pipeline still filling, and may sit below the one it settles at)")
     print(json.dumps(r))
     return 0
 

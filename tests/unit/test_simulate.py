@@ -9,9 +9,9 @@ import json
 import pytest
 import yaml
 
-from benchmarks.plan import STEADY_PATHS, Planner, admission_limit, default_duration, gpus, lower_bound, overlay
-from benchmarks.simulate import (PROFILE_KIND, ROOT, Call, Curve, PoolSettings, Profile, Workload, parse_replicas,
-                                 settings_from_config, simulate)
+from benchmarks.plan import Planner, admission_limit, gpus, lower_bound, overlay
+from benchmarks.simulate import (PROFILE_KIND, ROOT, STEADY_PATHS, Call, Curve, PoolSettings, Profile, Workload,
+                                 default_duration, parse_replicas, settings_from_config, simulate)
 
 
 def profile(**kw) -> Profile:
@@ -402,6 +402,16 @@ def test_a_plan_is_simulated_for_many_slowest_paths_and_its_sanity_runs_it_four_
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["longer"]["duration_s"] == 120.0 and isinstance(summary["longer"]["meets"], bool)
     assert "over 120 simulated s" in out
+
+    from benchmarks.simulate import main as simulate_main
+
+    d = profile_dict(step=(100.0, 200.0)) | {"workload": d["workload"]}
+    path.write_text(json.dumps(d))
+    for seconds, noted in ((10, True), (default_duration(Profile.from_dict(d), w) + 1, False)):
+        assert simulate_main(["--profile", str(path), "--rate", "2", "--duration-s", str(seconds)]) == 0
+        out = capsys.readouterr().out
+        assert ("a pipeline still filling" in out) == noted
+        assert json.loads(out.strip().splitlines()[-1])["benchmark"] == "simulate"
 
 
 def test_overlay_fixes_replicas_and_drops_autoscaling():
