@@ -119,6 +119,11 @@ def test_an_overloaded_open_loop_counts_what_its_drain_left_unanswered_and_no_pl
     assert light["unfinished"] == 0 and Planner(p, w, s, p95_ms=1e9, verbose=False).meets(light)
     closed = simulate(p, w, {}, s, concurrency=4, duration_s=4)
     assert closed["unfinished"] is None  # a closed loop's last requests are in flight by design
+    from benchmarks.simulate import Simulation
+
+    cut = Simulation(p, w, {}, settings(max_batch_size=1, max_ongoing=1, max_queued=4)).run(rate=200, duration_s=4, drain_s=0)
+    assert cut["rejected"] > 0 and cut["unfinished"] > 0
+    assert cut["rejection_rate"] == round(cut["rejected"] / (cut["completed"] + cut["rejected"] + cut["unfinished"]), 4)
 
 
 def test_the_routers_admission_limit_sheds_at_the_door_and_keeps_capacity():
