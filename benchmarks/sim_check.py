@@ -235,6 +235,10 @@ def within(measured: float, simulated: float, tolerance: float) -> tuple[float, 
     return round(err, 3), abs(err) <= tolerance
 
 
+def lightest_closed(points: list[dict]) -> dict:
+    return min((pt for pt in points if pt["kind"] == "closed"), key=lambda pt: pt["load"])
+
+
 def simulation_inputs(profile_dict: dict, points: list[dict]) -> tuple[Profile, Workload]:
     """What a run's loads are simulated from: its profile, and the workload of its lightest closed loop."""
     profile = Profile.from_dict(profile_dict)
@@ -246,8 +250,7 @@ def simulation_inputs(profile_dict: dict, points: list[dict]) -> tuple[Profile, 
     # same items one at a time — for every load: which items transfer is a property of the items (the
     # profile's 60-item sample was off by 4-9 points), while the shedding an overloaded app does
     # (answers without the small model) is an outcome the simulator has to predict, not an input.
-    base = min((pt for pt in points if pt["kind"] == "closed"), key=lambda pt: pt["load"])
-    return profile, Workload.from_measured(base["measured"]["workload"])
+    return profile, Workload.from_measured(lightest_closed(points)["measured"]["workload"])
 
 
 def compare(profile_dict: dict, points: list[dict], settings: dict, duration: float, host_cores: float,
@@ -261,8 +264,8 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
     print(f"workload of the profile's {profile.workload.get('requests', 0)} requests: "
           f"{Workload.from_measured(profile.workload).describe()}")
     replicas = {"Router": 1, "VisionEncoder": 1, "SmallReasoner": 1, "LargeAnswerer": 1}
-    base = min((pt for pt in points if pt["kind"] == "closed"), key=lambda pt: pt["load"])
-    print(f"workload of the closed loop at {base['load']} (simulated for every load): {workload.describe()}")
+    print(f"workload of the closed loop at {lightest_closed(points)['load']} (simulated for every load): "
+          f"{workload.describe()}")
     rows = []
     for pt in points:
         kw = {"concurrency": pt["load"]} if pt["kind"] == "closed" else {"arrivals": pt["measured"]["arrivals_s"]}
