@@ -6,9 +6,6 @@ ideal one: unbiased for the open loop, with the model unit's scatter there.
 
     PYTHONPATH=. python benchmarks/runs/sim-check-2026-12-05/probes/ceiling.py 44 115   # ceiling.out
 """
-import contextlib
-import io
-import json
 import math
 import re
 import statistics
@@ -16,26 +13,19 @@ import sys
 from pathlib import Path
 
 import benchmarks.sim_check as sc
+from speeds import resimulated, runs  # this folder, on the path as the script's own
 
 HERE = Path(__file__).resolve().parent
-RUNS = HERE.parents[1]
 FITTED_ON = (44, 93)
 SLACK = 0.01  # tolerance.py steps the speed by 0.02: a window's edges are known to half a step
 
 
 def loads(lo: int, hi: int) -> list[dict]:
-    out = []
-    for run in sorted((d for d in RUNS.glob("sim-check-*/run*") if lo <= int(d.name[3:]) <= hi),
-                      key=lambda d: int(d.name[3:])):
-        profile, saved = (json.loads((run / f).read_text()) for f in ("profile.json", "sim_check.json"))
-        points = [{k: pt[k] for k in ("kind", "load", "measured")} for pt in saved["points"]]
-        with contextlib.redirect_stdout(io.StringIO()):
-            rows = sc.compare(profile, points, sc.run_settings(saved), 60.0, saved["host_cores"], 0.25)
-        out += [{"run": int(run.name[3:]), "kind": "open" if r["kind"] == "open" else f"c={r['load']}",
-                 "g": r["speed_given_cpu"], "py": sc.mean_slower(profile, r["measured"]),
-                 "torch": sc.mean_slower(profile, r["measured"], "torch"),
-                 "given_ok": [abs(e) <= 0.25 for e in r["given_cpu_errors"]]} for r in rows]
-    return out
+    """Every load of runs lo-hi as the check re-simulates it: the speed its CPU says, the canary's units."""
+    return [{"run": int(run.name[3:]), "kind": "open" if r["kind"] == "open" else f"c={r['load']}",
+             "g": r["speed_given_cpu"], "py": r["machine_slower"], "torch": r["machine_slower_torch"],
+             "given_ok": [abs(e) <= 0.25 for e in r["given_cpu_errors"]]}
+            for run in runs(lo, hi) for r in resimulated(run, f"py:{sc.CANARY_ELASTICITY}")]
 
 
 def windows() -> dict[int, tuple[float, float]]:

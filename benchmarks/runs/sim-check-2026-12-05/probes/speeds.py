@@ -67,11 +67,15 @@ def resimulated(run: Path, model: str) -> list[dict]:
         sc.machine_slower = patched
 
 
-def main(lo: int, hi: int, models: list[str]) -> None:
-    runs = sorted((d for d in RUNS.glob("sim-check-*/run*") if lo <= int(d.name[3:]) <= hi),
+def runs(lo: int, hi: int) -> list[Path]:
+    """The saved runs numbered lo to hi, in order."""
+    return sorted((d for d in RUNS.glob("sim-check-*/run*") if lo <= int(d.name[3:]) <= hi),
                   key=lambda d: int(d.name[3:]))
+
+
+def main(lo: int, hi: int, models: list[str]) -> None:
     got, given_rows = {m: {} for m in models}, []
-    for run in runs:
+    for run in runs(lo, hi):
         for m in models:
             rows = resimulated(run, m)
             got[m][int(run.name[3:])] = figures(rows, given_cpu=m == "sim-cpu")

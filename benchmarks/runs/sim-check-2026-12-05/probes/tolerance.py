@@ -9,19 +9,16 @@ import io
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import benchmarks.sim_check as sc
 from benchmarks.simulate import simulate
-
-RUNS = Path(__file__).resolve().parents[2]
+from speeds import runs  # this folder, on the path as the script's own
 MULTIPLES = [round(0.80 + 0.02 * i, 2) for i in range(21)]
 
 
 def main(lo: int, hi: int) -> None:
     widths = []
-    for run in sorted((d for d in RUNS.glob("sim-check-*/run*") if lo <= int(d.name[3:]) <= hi),
-                      key=lambda d: int(d.name[3:])):
+    for run in runs(lo, hi):
         profile_dict, saved = (json.loads((run / f).read_text()) for f in ("profile.json", "sim_check.json"))
         profile, workload = sc.simulation_inputs(profile_dict, saved["points"])
         m = next(p for p in saved["points"] if p["kind"] == "open")["measured"]
