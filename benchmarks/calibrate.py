@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.client import Asker, add_asker_args
-from benchmarks.datasets import Item
+from tasks.datasets import Item
 from benchmarks.strategies import is_correct, load_items
 
 RATES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0)

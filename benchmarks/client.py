@@ -37,7 +37,7 @@ def chat_body(policy: str, question: str, image_url: str | None = None, max_toke
 
 
 def item_body(item, policy: str = "mutual") -> dict:
-    """A dataset item (benchmarks.datasets.Item) as a chat request: its image as a data URL, then its
+    """A dataset item (tasks.datasets.Item) as a chat request: its image as a data URL, then its
     question and options; no max_tokens, so the config's answer limit applies."""
     image = "data:image/png;base64," + base64.b64encode(item.image).decode()
     return {"model": f"tandem:{policy}", "messages": [{"role": "user", "content": [

@@ -28,8 +28,8 @@ timeout 240 python -m benchmarks.strategies --config "$out/strategies.yaml" --n 
   | tee "$out/strategies.log"
 
 # The same pair as a stage profile (quick grid), the capacity simulator's input: a GPU profile
-# for `python -m benchmarks.plan --profile "$out/stage_profile.json" ...` (cluster/README.md).
-timeout 150 python -m benchmarks.stage_profile --config "$out/strategies.yaml" --quick --threads 0 \
+# for `python -m capacity.plan --profile "$out/stage_profile.json" ...` (cluster/README.md).
+timeout 150 python -m capacity.stage_profile --config "$out/strategies.yaml" --quick --threads 0 \
   --out "$out/stage_profile.json" 2>&1 | tee "$out/stage_profile.log"
 
 # Both engines on the real-size 8B, LargeAnswerer alone, 1 vs 16 concurrent calls (README, "vLLM

@@ -77,7 +77,7 @@ def paired_ms(short, long, device: str, repeats: int, warmup: int = 1) -> tuple[
     """(median of short(), median of long() − short()) in ms, each repeat timing the two back to back:
     on a machine whose speed moves within seconds, a difference of two medians taken a second apart
     carries that move (a profile's step at 8 rows came out below its step at 1); a pair carries less
-    of it (fewer such dips: benchmarks/README.md, runs 53-61)."""
+    of it (docs/capacity.md)."""
     sync = _sync(device)
     for _ in range(warmup):
         short(), long()

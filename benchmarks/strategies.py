@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.client import ROOT
-from benchmarks.datasets import LETTERS, Item, load_jsonl, load_mmbench_tsv, synthetic
+from tasks.datasets import LETTERS, Item, load_jsonl, load_mmbench_tsv, synthetic
 from benchmarks.metrics import percentile, wilson_interval
 from tandem.agreement import normalize_answer
 from tandem.config import POLICY_NAMES, TandemConfig, load_tandem_config
@@ -151,7 +151,7 @@ class InProcess:
         followed the hint, kept the true answer, or neither; per tier. Clean hints for reference."""
         import random
 
-        from benchmarks.grid import corrupt_trace
+        from tasks.grid import corrupt_trace
         from tandem import prompts
 
         fmt, rng = self.config.large.reasoning_format, random.Random(0)
@@ -259,7 +259,7 @@ def load_items(args) -> list[Item]:
     if args.dataset == "synthetic":
         return synthetic(args.n, args.seed)
     if args.dataset == "grid":
-        from benchmarks.grid import grid_items
+        from tasks.grid import grid_items
         return grid_items(args.n, args.seed, split="eval")
     if args.dataset.endswith(".tsv"):
         return load_mmbench_tsv(args.dataset)[: args.n]
@@ -298,9 +298,11 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def findings(runs: dict[str, list[dict]], rows: dict[str, dict]) -> dict:
-    """The paper's three findings as the Fidelity issue states them, with each figure and its bar."""
+    """The paper's three findings, each figure with its bar (docs/results.md). Stated on the grid task's
+    tiers: a dataset without them (the synthetic one of `--quick`, MMBench) has no findings."""
     need = {"small_direct", "small", "large", "large_reasoning", "mutual", "always"}
-    if not need <= set(rows):
+    tiers = {r.get("tier") for name in need & set(runs) for r in runs[name]}
+    if not need <= set(rows) or not {"perceive", "count", "compose"} <= tiers:
         return {}
     acc = lambda name, tiers=None: accuracy([r for r in runs[name] if tiers is None or r["tier"] in tiers])  # noqa: E731
     tokens = {name: rows[name]["output_tokens"] for name in need}
@@ -313,7 +315,7 @@ def findings(runs: dict[str, list[dict]], rows: dict[str, dict]) -> dict:
                 "token_ratio_large_to_small": round(tokens["large"] / max(tokens["small"], 1e-9), 3)},
          "F3": {"gap_recovered": round((acc("mutual") - acc("large")) / gap, 3) if gap > 0 else None,
                 # The ratio divides by this gap; when it is a few points it is inside the rows' intervals
-                # and the ratio is noise, whatever it says (README, F3).
+                # and the ratio is noise, whatever it says.
                 "gap_large_reasoning_minus_large": round(gap, 3),
                 "gap_inside_large_reasoning_ci95": rows["large_reasoning"]["accuracy_ci95"][0] <= acc("large"),
                 "p50_ratio_mutual_to_large_reasoning": round(rows["mutual"]["p50_ms"] / rows["large_reasoning"]["p50_ms"], 3),
@@ -337,7 +339,7 @@ def parse_policies(text: str | None) -> list[str]:
     return chosen
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="synthetic",
                     help="grid (held-out items of the trained pair's task), synthetic, a .jsonl file, or an MMBench .tsv")
@@ -354,7 +356,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sequential", action="store_true",
                     help="run the rows one after another instead of interleaving them item by item")
     ap.add_argument("--out", default=str(ROOT / "results"))
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.quick:
         args.n = min(args.n, 12)
@@ -398,6 +404,14 @@ def main(argv=None) -> int:
     if args.url and "small_direct" in policies and "mutual" in runs:
         runs["small_direct"] = small_direct_from_mutual(items, runs["mutual"])
         print_row(row("small_direct", runs["small_direct"]))
+    report = write_report(args, items, runs, runner if extras else None)
+    print(json.dumps(report))
+    return 0
+
+
+def write_report(args, items: list[Item], runs: dict[str, list[dict]], extras_runner) -> dict:
+    """The report's figures (routing, corrupted hints, findings), printed and written with the plot
+    under `--out`; returns the report for the last JSON line."""
     rows = {name: row(name, rs) for name, rs in runs.items()}
     report = {"benchmark": "strategies", "dataset": args.dataset, "n": len(items),
               "rows": {name: {k: r[k] for k in ("accuracy", "accuracy_by_tier", "p50_ms", "output_tokens",
@@ -406,8 +420,8 @@ def main(argv=None) -> int:
         report["mutual_routing"] = routing(runs["mutual"])
         print("mutual routing (answered on agreement vs by transfer):",
               json.dumps(report["mutual_routing"]))
-    if extras and args.dataset == "grid":
-        report["corrupted_hints"] = runner.corrupted_hints(items)
+    if extras_runner is not None and args.dataset == "grid":
+        report["corrupted_hints"] = extras_runner.corrupted_hints(items)
         print("large model given a hint that misreads a cell:", json.dumps(report["corrupted_hints"]))
     if found := findings(runs, rows):
         report["findings"] = found
@@ -419,8 +433,7 @@ def main(argv=None) -> int:
     plot(list(rows.values()), out / "strategies.png",
          f"{args.dataset}, {len(items)} items: accuracy vs p50 latency, one point per row")
     print(f"results: {out}")
-    print(json.dumps(report))
-    return 0
+    return report
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ class ModelServer:
 
     def reconfigure(self, user_config: dict) -> None:
         self.batching = BatchingConfig.model_validate(user_config or {})
-        self.engine.loop.configure(self.batching.max_batch_size, self.batching.batch_wait_timeout_s)
+        self.engine.configure(self.batching.max_batch_size, self.batching.batch_wait_timeout_s)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | GenerationOutput]:
         """`request.images` may hold ObjectRefs from the VisionEncoder; they are fetched here, from
@@ -65,14 +65,14 @@ class ModelServer:
     async def check_health(self) -> None:
         """Serve's periodic probe (raising restarts the replica): the decode loop's thread is alive and
         the device still computes. Off the event loop: on a GPU the probe waits behind a step."""
-        self.engine.loop.check()
+        self.engine.check_alive()
         await asyncio.to_thread(self.engine.check_device)
 
     def stats(self) -> dict:
-        loop = self.engine.loop
-        return {"role": self.role, "pid": os.getpid(), "batch_sizes": list(loop.prefill_sizes),
-                "cancelled": loop.cancelled, **self.batching.model_dump()}
+        stats = self.engine.stats()
+        return {"role": self.role, "pid": os.getpid(), "batch_sizes": stats.prefill_sizes,
+                "cancelled": stats.cancelled, **self.batching.model_dump()}
 
     def decoded_tokens(self, request_id: str) -> int:
         """Decoding steps this replica ran for a request (every stage of it): what cancellation saves."""
-        return self.engine.loop.decoded.get(request_id, 0)
+        return self.engine.decoded_tokens(request_id)

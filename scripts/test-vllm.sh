@@ -4,5 +4,5 @@
 # (tests/vllm), then every Serve test again with the app on `engine: vllm`.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup-vllm.sh"
-python -m pytest -q tests/unit tests/vllm "$@"
+python -m pytest -q tests/core tests/training tests/tasks tests/benchmarks tests/capacity tests/vllm "$@"
 TANDEM_TEST_ENGINE=vllm exec python -m pytest -q tests/serve "$@"

@@ -6,7 +6,7 @@ in flight: measured on the local app, an open loop at 0.9x capacity tipped and c
 of an 18 req/s capacity (benchmarks/README, capacity simulation). A limit at the door rejects before
 any work is spent on the request (its body read, nothing parsed, decoded or run): the requests it
 admits run at the capacity the limit was sized for. Ray-free: the Router holds one, and the simulator
-(benchmarks/simulate.py) models the same rule."""
+(capacity/simulate.py) models the same rule."""
 
 from __future__ import annotations
 

@@ -51,10 +51,6 @@ class StageEstimates:
     def get(self, stage: str) -> Estimate | None:
         return self.stages.get(stage)
 
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        return {k: {"fixed_ms": round(e.fixed_ms, 3), "per_token_ms": round(e.per_token_ms, 4),
-                    "dev_ms": round(e.dev_ms, 3)} for k, e in self.stages.items()}
-
 
 @dataclass
 class BudgetPlan:

@@ -172,7 +172,7 @@ def _token_ids(tokenizer) -> dict:
 
 def new_tiny(spec: dict, tokenizer, seed: int = 0):
     """(model, processor, tokenizer): a random-init tiny Qwen3-VL of `spec` (a TINY_SIZES-shaped dict)
-    around `tokenizer`, for the builder above and for training (benchmarks/train_tiny.py)."""
+    around `tokenizer`, for the builder above and for training (training/train.py)."""
     from transformers import Qwen3VLConfig
 
     ids = _token_ids(tokenizer)
@@ -236,7 +236,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TANDEM_CACHE", Path.home() / ".cache" / "tandem"))
 
 
-# The pair trained on the grid task (benchmarks/train_tiny.py), shipped inside the package.
+# The pair trained on the grid task (training/train.py), shipped inside the package.
 TRAINED_DIR = Path(__file__).resolve().parent / "trained"
 TRAINED_ROLES = ("small", "large")
 

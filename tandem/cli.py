@@ -106,7 +106,7 @@ def _queue_problems(config, deployments: list[dict]) -> list[str]:
     at once — not counting on the replicas' ongoing slots: Serve counts a call queued until its handle
     has assigned it one, and at 24 admitted requests (48 encode calls against 16 ongoing + 32 queued)
     the local app shed 37 of 528 requests at 0.9x capacity from the VisionEncoder's queue, after they
-    were admitted (benchmarks/README.md, capacity simulation, runs 62-68). Shed there, a request is
+    were admitted (docs/capacity.md). Shed there, a request is
     turned away after work was spent on it, which admission at the door exists to prevent."""
     limit, calls = config.http.max_in_flight, calls_at_once(config.policy.speculative)
     problems = []

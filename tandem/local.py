@@ -12,7 +12,6 @@ import asyncio
 from tandem.config import TandemConfig
 from tandem.engines import ROLES, make_engine
 from tandem.engines.decoding import collect
-from tandem.engines.protocol import VisionEngines
 from tandem.pipeline import Pipeline, Stages
 from tandem.schemas import AskRequest, TandemResult
 
@@ -41,10 +40,8 @@ def load_engines(config: TandemConfig) -> dict:
 
 
 def local_stages(engines: dict) -> Stages:
-    vision = VisionEngines(engines)
-
     async def encode(images, role):
-        return await asyncio.to_thread(vision.encode_images, images, role)
+        return await asyncio.to_thread(engines[role].encode_images, images)
 
     def generate_with(engine):
         async def generate(request, sink=None):

@@ -1,4 +1,4 @@
-"""Engines: what runs a model. `protocol` says what every engine does; `transformers_engine` runs
+"""Engines: what runs a model. `protocol` declares the contract every engine honours; `transformers_engine` runs
 Hugging Face checkpoints; `fake` honours the protocol without a model, for orchestration tests.
 `vllm_engine` runs a decoder on vLLM (an extra). `make_engine` is the one place that picks an engine
 for a role from the config: on `engine: vllm` the vision towers still run on transformers."""
@@ -10,7 +10,18 @@ ROLES = ("small", "large")
 
 def make_engine(config, role: str, *, vision: bool = True, language: bool = True):
     """The configured engine for `role` (small or large), loading only the parts asked for: a vision
-    encoder needs no decoder, a model server no vision tower."""
+    encoder needs no decoder, a model server no vision tower. Checked against the contract
+    (`protocol`) for the parts asked for, so a missing method fails at build time, not mid-request."""
+    engine = _build_engine(config, role, vision=vision, language=language)
+    from tandem.engines.protocol import GenerationEngine, VisionEngine
+
+    for wanted, cls in ((vision, VisionEngine), (language, GenerationEngine)):
+        if wanted and not isinstance(engine, cls):
+            raise TypeError(f"engine {type(engine).__name__} for '{role}' is not a {cls.__name__}")
+    return engine
+
+
+def _build_engine(config, role: str, *, vision: bool, language: bool):
     limit = config.limits.max_prompt_tokens
     if config.engine == "fake":
         from tandem.engines.fake import FakeEngine, default_rule

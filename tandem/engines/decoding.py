@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol
 
 from tandem.engines.generation import next_piece, queued_events
+from tandem.engines.protocol import EngineStats, GenerationEngine
 from tandem.schemas import GenerationOutput, GenerationRequest, SamplingParams, TokenDelta
 
 logger = logging.getLogger(__name__)
@@ -182,10 +183,6 @@ class DecodeLoop:
                 yield event
         finally:
             self.cancel(row)
-
-    async def generate_async(self, request: GenerationRequest) -> GenerationOutput:
-        """The output alone, without blocking a thread; cancelling the caller cancels the row."""
-        return await collect(self.stream(request))
 
     # --- the loop -------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -343,3 +340,28 @@ class DecodeLoop:
     def _fail(self, row: Row, err: BaseException) -> None:
         row.done = True
         row.deliver(err)
+
+
+class LoopEngine(GenerationEngine):
+    """A `GenerationEngine` whose requests decode in a `DecodeLoop` over its own step methods
+    (`StepEngine`): the fake and the transformers engines. Subclasses set `self.loop`."""
+
+    loop: DecodeLoop
+
+    def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
+        return self.loop.generate(batch)
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | GenerationOutput]:
+        return self.loop.stream(request)
+
+    def configure(self, max_batch_size: int, batch_wait_s: float) -> None:
+        self.loop.configure(max_batch_size, batch_wait_s)
+
+    def check_alive(self) -> None:
+        self.loop.check()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(prefill_sizes=list(self.loop.prefill_sizes), cancelled=self.loop.cancelled)
+
+    def decoded_tokens(self, request_id: str) -> int:
+        return self.loop.decoded.get(request_id, 0)

@@ -1,4 +1,4 @@
-"""A model-free engine that honours both protocols, for orchestration tests and for measuring the bare
+"""A model-free engine that honours the whole engine contract (both roles), for orchestration tests and for measuring the bare
 cost of the Serve composition. Answers come from a rule over the prompt, one word per decoding step;
 every prefill is recorded."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from tandem.engines.decoding import DecodeLoop, Prepared
+from tandem.engines.decoding import DecodeLoop, LoopEngine, Prepared
+from tandem.engines.protocol import VisionEngine
 from tandem.errors import BadRequest
 from tandem.images import image_digest
 from tandem.prompts import IMAGE_PAD
@@ -23,7 +24,7 @@ def default_rule(answer_words: int = 1, reasoning_words: int = 64) -> Callable[[
     return rule
 
 
-class FakeEngine:
+class FakeEngine(LoopEngine, VisionEngine):
     """Decodes the rule's words one per step under the same DecodeLoop as the transformers engine.
     `step_s` is a decode step's fixed cost whatever the batch size (as on a GPU), `delay_s` a
     prefill's."""
@@ -51,12 +52,6 @@ class FakeEngine:
         self.encoded.extend(image_digest(b) for b in images)
         return [ImageFeatures(model=model or self.name, embeds=image_digest(b), deepstack=[], grid_thw=(1, 2, 2),
                               merge_size=1) for b in images]
-
-    def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
-        return self.loop.generate(batch)
-
-    def stream(self, request: GenerationRequest):
-        return self.loop.stream(request)
 
     # --- StepEngine -----------------------------------------------------------------------------
     def prepare(self, request: GenerationRequest) -> Prepared:

@@ -23,7 +23,8 @@ from transformers import AutoModelForImageTextToText, DynamicCache
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
 from tandem.engines.generation import expand_placeholders, model_sampling, stop_token_ids
-from tandem.engines.decoding import DecodeLoop, Prepared
+from tandem.engines.decoding import DecodeLoop, LoopEngine, Prepared
+from tandem.engines.protocol import VisionEngine
 from tandem.errors import BadRequest
 from tandem.images import decode_image
 from tandem.processors import load_processor
@@ -119,7 +120,7 @@ def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([x.new_zeros(shape), x], dim)
 
 
-class TransformersEngine:
+class TransformersEngine(LoopEngine, VisionEngine):
     def __init__(self, config: ModelConfig, *, name: str, vision: bool = True, language: bool = True,
                  max_prompt_tokens: int = 4096):
         self.config, self.name, self.max_prompt_tokens = config, name, max_prompt_tokens
@@ -177,12 +178,6 @@ class TransformersEngine:
                 for i in range(len(pil))]
 
     # --- generation: a DecodeLoop drives the steps below --------------------------------------
-    def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
-        return self.loop.generate(batch)
-
-    def stream(self, request: GenerationRequest):
-        return self.loop.stream(request)
-
     def prepare(self, request: GenerationRequest) -> Prepared:
         """The prompt's token ids, checked against the limit (runs on the loop's thread); a request
         that asks for the model's own sampling gets it here."""

@@ -30,6 +30,7 @@ from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
 from tandem.engines.generation import (expand_placeholders, model_sampling, queued_events, stop_token_ids,
                                       token_pieces)
+from tandem.engines.protocol import EngineStats, GenerationEngine
 from tandem.errors import BadRequest, ConfigError
 from tandem.processors import load_processor
 from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, SamplingParams, TokenDelta
@@ -46,21 +47,14 @@ def image_embeds(features: list[ImageFeatures]) -> dict:
     return {"image_embeds": torch.cat(rows), "image_grid_thw": torch.tensor([f.grid_thw for f in features])}
 
 
-class VllmStats:
-    """What a model server reports of its engine (the DecodeLoop's counters, where vLLM has them):
-    `prefill_sizes` counts, per engine step that gave any request its first token, how many it gave."""
+class _Counters:
+    """The engine's counters (`stats`): `prefill_sizes` counts, per engine step that gave any request
+    its first token, how many it gave; decoded tokens per request id; cancelled requests."""
 
-    def __init__(self, engine: "VllmEngine"):
-        self._engine = engine
+    def __init__(self):
         self.prefill_sizes: collections.deque[int] = collections.deque(maxlen=_KEEP_COUNTS)
         self.decoded: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.cancelled = 0
-
-    def configure(self, max_batch_size: int, batch_wait_s: float) -> None:
-        """Nothing to tune at run time: vLLM admits requests every step, up to `vllm.max_num_seqs`."""
-
-    def check(self) -> None:
-        self._engine.check_alive()
 
     def count(self, request_id: str, tokens: int) -> None:
         if request_id and tokens:
@@ -87,7 +81,7 @@ class _Run:
     stop_string: bool = False  # vLLM stopped at one of the request's stop strings
 
 
-class VllmEngine:
+class VllmEngine(GenerationEngine):
     def __init__(self, config: ModelConfig, *, name: str, max_prompt_tokens: int = 4096, max_images: int = 4):
         from vllm.platforms import current_platform
 
@@ -106,7 +100,7 @@ class VllmEngine:
         gen = GenerationConfig.from_pretrained(self.path)
         self.stop_token_ids = stop_token_ids(gen, self.tokenizer)
         self.reasoning_sampling = model_sampling(gen)
-        self.loop = VllmStats(self)
+        self.counters = _Counters()
         self._in_flight = 0
         self._ids = itertools.count()
         self._aio = asyncio.new_event_loop()
@@ -131,7 +125,7 @@ class VllmEngine:
             # Images arrive as embeddings only: no video, and never a URL or a file path.
             limit_mm_per_prompt={"image": max(1, self.max_images), "video": 0}, allowed_local_media_path="",
             disable_log_stats=False)
-        return AsyncLLM.from_engine_args(args, stat_loggers=[_prefill_recorder(self.loop.prefill_sizes)])
+        return AsyncLLM.from_engine_args(args, stat_loggers=[_prefill_recorder(self.counters.prefill_sizes)])
 
     def _call(self, coro, timeout: float | None = None):
         return asyncio.run_coroutine_threadsafe(coro, self._aio).result(timeout)
@@ -149,6 +143,15 @@ class VllmEngine:
     def check_device(self) -> None:
         self.check_alive()
         self._call(self._llm.check_health(), timeout=30)
+
+    def configure(self, max_batch_size: int, batch_wait_s: float) -> None:
+        """Nothing to tune at run time: vLLM admits requests every step, up to `vllm.max_num_seqs`."""
+
+    def stats(self) -> EngineStats:
+        return EngineStats(prefill_sizes=list(self.counters.prefill_sizes), cancelled=self.counters.cancelled)
+
+    def decoded_tokens(self, request_id: str) -> int:
+        return self.counters.decoded.get(request_id, 0)
 
     def unfinished(self) -> int:
         """Requests vLLM still holds (aborted ones leave at once)."""
@@ -188,7 +191,7 @@ class VllmEngine:
         finally:
             if not finished and not future.done():
                 future.cancel()  # the pump's task is cancelled there, and vLLM aborts the request
-                self.loop.cancelled += 1
+                self.counters.cancelled += 1
 
     # --- one request ----------------------------------------------------------------------------
     def _prepare(self, request: GenerationRequest) -> tuple[_Run, dict, Any, str]:
@@ -229,7 +232,7 @@ class VllmEngine:
                 if done.token_ids:
                     run.first_token = run.first_token or time.perf_counter()
                     steps += len(done.token_ids)
-                    self.loop.count(run.request.request_id, len(done.token_ids))
+                    self.counters.count(run.request.request_id, len(done.token_ids))
                     for k, token in enumerate(done.token_ids):
                         run.ids.append(token)
                         if done.logprobs is not None:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tests.unit.test_fuzz_api import bodies, json_values
+from tests.core.test_fuzz_api import bodies, json_values
 
 pytestmark = pytest.mark.serve
 SERVED = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))

@@ -102,7 +102,7 @@ async def test_closing_the_stream_aborts_the_request_in_vllm(pair):
     request.request_id = "abort-me"
     stream = engine.stream(request)
     async for event in stream:
-        if isinstance(event, TokenDelta) and engine.loop.decoded.get("abort-me", 0) >= 3:
+        if isinstance(event, TokenDelta) and engine.decoded_tokens("abort-me") >= 3:
             break
     await stream.aclose()
     for _ in range(50):
@@ -110,10 +110,10 @@ async def test_closing_the_stream_aborts_the_request_in_vllm(pair):
             break
         await asyncio.sleep(0.05)
     assert engine.unfinished() == 0
-    decoded = engine.loop.decoded["abort-me"]
+    decoded = engine.decoded_tokens("abort-me")
     await asyncio.sleep(0.5)
-    assert engine.loop.decoded["abort-me"] == decoded < 3000
-    assert engine.loop.cancelled >= 1
+    assert engine.decoded_tokens("abort-me") == decoded < 3000
+    assert engine.stats().cancelled >= 1
 
 
 def test_bad_requests_fail_alone_with_a_400(pair):
@@ -143,9 +143,9 @@ def test_the_transfer_prompt_reuses_the_direct_prompts_cached_head(pair):
 
 def test_requests_submitted_together_are_prefilled_together(pair):
     reference, engine = pair
-    seen = len(engine.loop.prefill_sizes)
+    seen = len(engine.stats().prefill_sizes)
     engine.generate(requests_with_images(reference, 6, seed=6, max_tokens=3))
-    sizes = list(engine.loop.prefill_sizes)[seen:]
+    sizes = engine.stats().prefill_sizes[seen:]
     assert sum(sizes) == 6 and max(sizes) > 1, sizes
 
 

@@ -1,0 +1,201 @@
+"""The simulated cluster's moving parts: requests and the jobs (stage calls) they submit, replicas,
+pools with Serve's handle routing (power of two choices, per-caller queue limits), and `Cores`,
+processor sharing of a host's CPU cores among everything running at once."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from array import array
+from collections import deque
+from typing import TYPE_CHECKING
+
+from capacity.profile import Call, PoolSettings, Profile
+
+if TYPE_CHECKING:
+    from capacity.simulate import Simulation
+
+class Request:
+    __slots__ = ("arrived", "phases", "phase", "pending", "failed", "replica", "path", "in_flight")
+
+    def __init__(self, arrived: float, path: str, phases):
+        self.arrived, self.path, self.phases = arrived, path, phases
+        self.phase, self.pending, self.failed, self.replica = 0, 0, False, None  # replica: its Router
+        self.in_flight = False  # counted among the requests in flight (the Router took it)
+
+
+class Job:
+    """One call in a pool: the unit that is queued, batched and completed."""
+    __slots__ = ("request", "call", "submitted", "left", "replica")
+
+    def __init__(self, request: Request, call: Call, now: float):
+        self.request, self.call, self.submitted, self.left, self.replica = request, call, now, call.steps, None
+
+
+class Replica:
+    __slots__ = ("pool", "index", "ongoing", "queue", "wake", "full", "compute_s")
+
+    def __init__(self, pool: Pool, index: int):
+        self.pool, self.index = pool, index
+        self.ongoing, self.queue, self.wake, self.full = 0, deque(), None, None
+        self.compute_s = 0.0
+
+
+class Pool:
+    def __init__(self, sim: Simulation, name: str, n: int, settings: PoolSettings, queue_limit: int):
+        self.sim, self.name, self.settings = sim, name, settings
+        self.replicas = [Replica(self, i) for i in range(n)]
+        self.waiting: deque = deque()  # the callers' queue: jobs no replica has room for yet
+        self.queue_limit = queue_limit
+        # Looked up for every call (millions): the settings the pool keeps for the run.
+        self.is_router, self.limit, self.admit = name == "Router", settings.max_ongoing, settings.admit
+        self.max_batch = settings.max_batch_size
+        self.bits, self.bits_less = n.bit_length(), (n - 1).bit_length()  # the random draws' widths
+        # Every job's queueing time (s), as doubles: millions at 10,000 req/s (`Simulation.arrivals`).
+        self.queue_s = array("d")
+        self.rejected = 0
+        self.batches = self.batched = 0  # batches run and jobs in them (decoders: steps and rows)
+
+    def pick(self) -> Replica | None:
+        """Serve's power of two choices: the less loaded of two random replicas, if either has room;
+        else any replica with room (the least loaded); None when all are full."""
+        limit, reps = self.limit, self.replicas
+        if len(reps) > 2:
+            a, b = self._two()
+            best = a if a.ongoing <= b.ongoing else b
+            if best.ongoing < limit:
+                return best
+        free = [r for r in reps if r.ongoing < limit]
+        return min(free, key=lambda r: r.ongoing) if free else None
+
+    def _two(self) -> tuple[Replica, Replica]:
+        """Two distinct replicas at random, the very draws `rng.sample(replicas, 2)` makes (CPython's
+        algorithm, so a seed's figures stand) without its generality's cost: a sixth of a 10,000 req/s
+        simulation's time went to it."""
+        reps, bits, k = self.replicas, self.sim.rng.getrandbits, self.bits
+        n = len(reps)
+        i = bits(k)
+        while i >= n:
+            i = bits(k)
+        if n <= 21:  # sample's pool method: a draw below n - 1, the drawn slot holding the last replica
+            m, k = n - 1, self.bits_less
+            j = bits(k)
+            while j >= m:
+                j = bits(k)
+            return reps[i], reps[m if j == i else j]
+        j = bits(k)
+        while j >= n or j == i:
+            j = bits(k)
+        return reps[i], reps[j]
+
+    def submit(self, job) -> bool:
+        replica = self.pick()
+        if replica is None:
+            if 0 <= self.queue_limit <= len(self.waiting):
+                self.rejected += 1
+                return False
+            self.waiting.append(job)
+            return True
+        if self.admit is not None and replica.ongoing >= self.admit:
+            self.rejected += 1  # the Router's admission limit: turned away before any work
+            return False
+        self.assign(job, replica)
+        return True
+
+    def assign(self, job, replica: Replica) -> None:
+        replica.ongoing += 1
+        job.replica = replica
+        self.sim.on_assigned(self, job, replica)
+
+    def release(self, replica: Replica) -> None:
+        replica.ongoing -= 1
+        if self.waiting:
+            self.assign(self.waiting.popleft(), replica)
+
+
+def app_cores(host_cores: float, profile: Profile) -> float:
+    """The cores the app's threads share: the host's, less what its other processes kept busy."""
+    return max(0.5, host_cores - profile.others_cores)
+
+
+class Cores:
+    """Shared cores as processor sharing: every CPU activity on them runs at once, each at its share,
+    recomputed whenever one starts or ends or the machine's measured speed changes — so the work they
+    get done per second never exceeds the cores. Three classes of activity: a model loop's work
+    (`model`, one thread each), CPU that runs beside a request as an activity of its own (`other`,
+    one thread each), and call overheads with the Router's work (`overhead`), which share the event
+    loops' threads (`loops`: the client's, the proxy's, every replica's): n of them due at once take
+    min(n, loops) threads, each loops/n of one where n is more.
+    With T threads wanting the cores' C, each thread runs at min(1, C/T) of a core, divided by the
+    machine's slowdown then (the model unit's for `model`). Per class, `served` is the work one of its
+    activities has got done since the start: an activity started at s with w to do ends when the
+    class's `served` reaches s + w."""
+
+    CLASSES = ("model", "other", "overhead")
+
+    def __init__(self, sim: Simulation, cores: float, loops: int):
+        self.sim, self.env, self.cores, self.loops = sim, sim.env, cores, loops
+        self.served = dict.fromkeys(self.CLASSES, 0.0)
+        self.due: dict[str, list] = {c: [] for c in self.CLASSES}  # heaps of (served at the end, seq, done)
+        self.rate = dict.fromkeys(self.CLASSES, 0.0)
+        self.last, self._seq, self._timer = 0.0, 0, 0
+        self.work_s = 0.0  # all the work charged, at the profile's speed
+
+    def count(self, cls: str) -> int:
+        return len(self.due[cls])
+
+    def rates(self) -> dict[str, float]:
+        """Each class's rate now: work seconds an activity of it gets done per second."""
+        n_over = self.count("overhead")
+        threads = self.count("model") + self.count("other") + min(n_over, self.loops)
+        share = min(1.0, self.cores / threads) if threads else 1.0
+        machine, machine_model = self.sim._machine(), self.sim._machine(model=True)
+        return {"model": share / machine_model, "other": share / machine,
+                "overhead": share * min(n_over, self.loops) / n_over / machine if n_over else share / machine}
+
+    def run(self, work_s: float, cls: str, done) -> None:
+        """`done()` once `work_s` seconds of this machine's work at the profile's speed has run."""
+        self._advance()
+        self._seq += 1
+        self.work_s += work_s
+        heapq.heappush(self.due[cls], (self.served[cls] + work_s, self._seq, done))
+        self._schedule()
+
+    def _advance(self) -> None:
+        dt = self.env.now - self.last
+        if dt > 0:
+            for c in self.CLASSES:
+                self.served[c] += dt * self.rate[c]
+        self.last = self.env.now
+
+    def _schedule(self) -> None:
+        self.rate = self.rates()
+        wait = math.inf
+        for c in self.CLASSES:
+            if self.due[c]:
+                wait = min(wait, max(0.0, self.due[c][0][0] - self.served[c]) / self.rate[c])
+        sim = self.sim
+        if wait < math.inf:  # the machine's speed changes at the next step, if either unit has one
+            step = int(self.env.now / sim.slower_step_s) + 1
+            if step < max(len(sim.slower), len(sim.slower_model)):
+                wait = min(wait, max(0.0, step * sim.slower_step_s - self.env.now))
+        if wait == math.inf:
+            return
+        self._timer += 1
+        timer = self._timer
+        self.env.timeout(wait).callbacks.append(lambda _e: self._wake(timer))
+
+    def _wake(self, timer: int) -> None:
+        if timer != self._timer:  # superseded by a later start or end
+            return
+        self._advance()
+        finished = []
+        for c in self.CLASSES:
+            heap = self.due[c]
+            while heap and heap[0][0] <= self.served[c] + 1e-12:
+                finished.append(heapq.heappop(heap)[2])
+        self._schedule()
+        for done in finished:
+            done()
+
+
