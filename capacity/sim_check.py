@@ -296,8 +296,7 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
         # Beside the check, the load at the speed its own CPU says the machine ran it: its CPU per
         # answered request over what the simulation charges a request of it at the profile's speed.
         # An input taken from the load itself, so no prediction and not the bar: it tells a miss of the
-        # model (queueing, batching, sharing) from a miss in the machine's speed (benchmarks/README.md,
-        # "Given the speed").
+        # model (queueing, batching, sharing) from a miss in the machine's speed (docs/capacity.md).
         charged = (s0 if slow else s).get("cpu_ms_per_request")
         if charged and m.get("cpu_ms_per_request"):
             given = m["cpu_ms_per_request"] / charged

@@ -231,7 +231,7 @@ def served_step_overhead(decodes: list[tuple[str, int, int, float]], generators:
     decode time (prefill and steps, one request at a time) less what the simulator predicts for the
     same prompts and steps from the engine curves, per step. The served loop shares its process with
     the replica's event loop, which handles every token's stream message under the same GIL
-    (2026-12-03: the small model's reasoning decoded at 2.3 ms a step served, 1.2 ms alone)."""
+    (the small model's reasoning decoded at 2.3 ms a step served, 1.2 ms alone)."""
     from capacity.profile import generator_curves
 
     out = {}
@@ -293,7 +293,7 @@ def build_profile(config, grid: dict, *, url: str | None = None, router_ms: floa
         served = served_step_overhead(decodes, measured["generators"])
         # The busy figure sets the simulated capacity: over 60 requests (8 clients of 7-8 each) the
         # start and the stragglers, with fewer in flight, weigh a fifth, and a few seconds of a
-        # neighbour's load moved it 0.63-0.97x of the alone figure between runs (2026-12-03).
+        # neighbour's load moved it 0.63-0.97x of the alone figure between runs.
         busy, others = measure_cpu_busy(url, busy_requests or app_requests, BUSY_CONCURRENCY)
         calls = {"generate": round(max(0.0, medians.get("generate", 0.0)), 3)}
         if "encode" in medians:

@@ -3,7 +3,7 @@
 An overloaded app that admits every request does work for requests it later sheds (a model pool's
 queue fills after the image was encoded and a model ran), and its per-request cost grows with what is
 in flight: measured on the local app, an open loop at 0.9x capacity tipped and completed 10.5 req/s
-of an 18 req/s capacity (benchmarks/README, capacity simulation). A limit at the door rejects before
+of an 18 req/s capacity (docs/capacity.md). A limit at the door rejects before
 any work is spent on the request (its body read, nothing parsed, decoded or run): the requests it
 admits run at the capacity the limit was sized for. Ray-free: the Router holds one, and the simulator
 (capacity/simulate.py) models the same rule."""

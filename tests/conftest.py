@@ -26,3 +26,11 @@ def make_png(seed: int = 0, width: int = 64, height: int = 48) -> bytes:
 @pytest.fixture(scope="session")
 def png():
     return make_png
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that starts Ray and Serve takes more than 10 s with its cluster: `slow` too, so
+    `-m "not slow"` is the quick run."""
+    for item in items:
+        if item.get_closest_marker("serve"):
+            item.add_marker(pytest.mark.slow)

@@ -3,7 +3,7 @@ are taken under the same machine load (F3 compares two rows' p50s)."""
 
 from tasks.datasets import Item
 from benchmarks.metrics import percentile
-from benchmarks.strategies import measure
+from benchmarks.strategies import findings, measure, row
 
 
 def _items(n):
@@ -69,3 +69,11 @@ def test_f3_reports_the_gap_it_divides_by_and_whether_that_gap_is_inside_the_int
     assert near["gap_inside_large_reasoning_ci95"] is True
     far = evaluate(50)
     assert far["gap_large_reasoning_minus_large"] == 0.28 and far["gap_inside_large_reasoning_ci95"] is False
+
+
+def test_a_dataset_without_the_grid_tiers_has_no_findings_and_no_crash():
+    """`strategies --quick` runs the synthetic set, whose items carry no tier: the findings, stated
+    on the grid task's tiers, are left out instead of failing on an empty tier."""
+    runs = {name: _runs({None: (5, 10)}) for name in ("small_direct", "small", "large", "large_reasoning",
+                                                      "mutual", "always")}
+    assert findings(runs, {name: row(name, r) for name, r in runs.items()}) == {}

@@ -64,7 +64,7 @@ def app_configs(large_batch: dict | None = None) -> list[dict]:
 
 
 # How long the apps may take to come up. Four vLLM engines (two apps, two generators each) start at
-# once on the 2-core test machine: in one CI run (2026-12-02) the last was still starting when the
+# once on the 2-core test machine: in one CI run the last was still starting when the
 # old 240 s wait ran out, its engine ready a second before (156 s from the replica's start to its
 # weights, 53 s of engine profile and warm-up), the others healthy; every Serve test then errored.
 # A start-up budget, not a measurement: a replica that really hangs still fails the run, after this long.

@@ -136,6 +136,7 @@ def test_averaged_gradients_are_the_whole_batchs_gradient(tmp_path):
             assert torch.allclose(g, p.grad, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_two_process_run_learns_and_says_so(tmp_path, tokenizer):
     """The data-parallel path end to end: a spawned second rank, the gradients averaged, rank 0
     saving a loadable checkpoint whose facts record the processes."""

@@ -48,6 +48,7 @@ def tandem():
     return LocalTandem(TandemConfig())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", sorted(FLOORS))
 def test_accuracy_floor_on_held_out_items(tandem, policy):
     items = grid_items(100, seed=0, split="eval")

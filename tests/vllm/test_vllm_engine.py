@@ -58,7 +58,7 @@ def test_greedy_tokens_equal_the_transformers_engine(pair):
     same = [w.token_ids == g.token_ids for w, g in zip(want, got)]
     differing = [(i, w.token_ids, g.token_ids) for i, (w, g, s) in enumerate(zip(want, got, same)) if not s]
     print(f"greedy equivalence: {sum(same)} of {len(batch)} prompts token for token; differing: {differing}")
-    assert sum(same) >= 0.9 * len(batch), differing
+    assert sum(same) == len(batch), differing
     for w, g in zip(want, got):
         assert g.prompt_tokens == w.prompt_tokens  # the placeholder expansion counts alike
         assert "".join(g.token_texts) == g.text and len(g.token_texts) == len(g.token_ids)
@@ -166,7 +166,8 @@ def test_in_process_tandem_on_vllm_answers_with_the_towers_on_transformers(png):
     try:
         result = tandem.ask(AskRequest("What is shown?", [png(3)], policy="mutual"))
         assert result.path == "transfer" and result.images_encoded == {"small": 1, "large": 1}
-        assert result.tokens["large_transfer"] > 0 and result.stages["large_transfer"]["cached_tokens"] >= 0
+        transfer = result.stages["large_transfer"]
+        assert result.tokens["large_transfer"] > 0 and 0 <= transfer["cached_tokens"] <= transfer["prompt_tokens"]
     finally:
         for engine in tandem.engines.values():
             engine.decoder.shutdown()
