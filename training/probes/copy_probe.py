@@ -78,7 +78,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from training.models import probed_model
-
     from training.schedule import trace_heads
 
     model, processor, tokenizer, facts = probed_model(args.model)
