@@ -8,6 +8,7 @@ references, and each model server fetches the features it needs straight from th
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections import OrderedDict, deque
 
@@ -17,7 +18,10 @@ from ray import serve
 
 from tandem.config import TandemConfig
 from tandem.engines import ROLES, make_engine
+from tandem.errors import TandemError
 from tandem.images import image_digest
+
+logger = logging.getLogger("ray.serve")
 
 
 class VisionConfig(BaseModel):
@@ -90,14 +94,20 @@ class VisionEncoder:
         self._encode_batch.set_batch_wait_timeout_s(self.settings.batch_wait_timeout_s)
 
     async def encode(self, images: list[bytes], model: str) -> list[ray.ObjectRef]:
-        """References to each image's features for `model` (a list of ObjectRef[ImageFeatures])."""
-        return await self._encode_batch((images, model))
+        """References to each image's features for `model` (a list of ObjectRef[ImageFeatures]). A
+        call whose image fails to encode raises alone: the batch it shared answers the others."""
+        result = await self._encode_batch((images, model))
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
-    async def _encode_batch(self, calls: list[tuple[list[bytes], str]]) -> list[list[ray.ObjectRef]]:
+    async def _encode_batch(self, calls: list[tuple[list[bytes], str]]) -> list:
+        """One result per call: its references, or the exception one of its images raised (Serve fails
+        every caller of a batch whose function raises, so nothing raises here)."""
         self.batch_sizes.append(len(calls))
         digests = [[image_digest(b) for b in images] for images, _ in calls]
-        found: dict[tuple[str, str], ray.ObjectRef] = {}
+        found: dict[tuple[str, str], object] = {}
         for role in {role for _, role in calls}:
             wanted = {d: b for (images, r), ds in zip(calls, digests) if r == role for d, b in zip(ds, images)}
             missing = {}
@@ -109,12 +119,31 @@ class VisionEncoder:
                 else:
                     missing[digest] = data
             if missing:
-                feats = await asyncio.to_thread(self.towers[role].encode_images, list(missing.values()))
-                self.encoded[role] += len(feats)
-                for digest, feat in zip(missing, feats):
-                    found[role, digest] = ray.put(feat)
-                    self.cache.put((role, digest), found[role, digest], feature_bytes(feat))
-        return [[found[role, d] for d in ds] for (_, role), ds in zip(calls, digests)]
+                found.update(await self._encode_missing(role, missing))
+        results = []
+        for (_, role), ds in zip(calls, digests):
+            failed = next((found[role, d] for d in ds if isinstance(found[role, d], BaseException)), None)
+            results.append(failed if failed is not None else [found[role, d] for d in ds])
+        return results
+
+    async def _encode_missing(self, role: str, missing: dict[str, bytes]) -> dict:
+        """{(role, digest): reference or exception}: the images encoded together, or one by one when
+        that fails, so an image the tower refuses fails only the calls that sent it."""
+        try:
+            feats = await asyncio.to_thread(self.towers[role].encode_images, list(missing.values()))
+        except Exception as err:
+            if len(missing) == 1:
+                return {(role, digest): _encode_error(err) for digest in missing}
+            out = {}
+            for digest, data in missing.items():
+                out.update(await self._encode_missing(role, {digest: data}))
+            return out
+        out = {}
+        self.encoded[role] += len(feats)
+        for digest, feat in zip(missing, feats):
+            out[role, digest] = ray.put(feat)
+            self.cache.put((role, digest), out[role, digest], feature_bytes(feat))
+        return out
 
     async def check_health(self) -> None:
         """Serve's periodic probe (raising restarts the replica): each tower's device still computes."""
@@ -125,3 +154,12 @@ class VisionEncoder:
         return {"pid": os.getpid(), "encoded": dict(self.encoded), "batch_sizes": list(self.batch_sizes),
                 "cache_hits": self.cache_hits,
                 "cached": len(self.cache), "cached_bytes": self.cache.bytes, **self.settings.model_dump()}
+
+
+def _encode_error(err: Exception) -> Exception:
+    """What a caller gets for an image its tower refused: the client's error as it is (a BadRequest),
+    anything else as a plain error without the library's message (logged here)."""
+    if isinstance(err, TandemError):
+        return err
+    logger.warning("vision tower failed on one image: %s: %s", type(err).__name__, err)
+    return TandemError("the image could not be encoded")

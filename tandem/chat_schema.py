@@ -48,16 +48,24 @@ def check_unicode(text: str) -> str:
     return text
 
 
-def json_depth_over(value: Any, limit: int) -> bool:
-    """Whether arrays and objects nest deeper than `limit` (iterative: no recursion to exhaust)."""
-    stack = [(value, 1)]
+def json_shape_problem(value: Any, max_depth: int, max_items: int) -> str | None:
+    """What is wrong with a decoded body's shape before any validation, or None: arrays and objects
+    nested deeper than `max_depth`, or more than `max_items` values in all. Iterative (no recursion to
+    exhaust), and it stops at the first problem: the work is bounded by the limits, not by the body, so
+    a body of millions of elements never reaches the validator, which would build an error per element."""
+    stack, seen = [(value, 1)], 0
     while stack:
         node, depth = stack.pop()
+        seen += 1
+        if seen > max_items:
+            return f"request body holds more than {max_items} JSON values"
         if isinstance(node, (list, dict)):
-            if depth > limit:
-                return True
+            if depth > max_depth:
+                return f"request body nests deeper than {max_depth} levels"
+            if len(node) > max_items:
+                return f"request body holds more than {max_items} JSON values"
             stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
-    return False
+    return None
 
 
 def _image_ref(value: Any) -> Any:
@@ -170,7 +178,7 @@ def _bad_request(e: dict) -> BadRequest:
     loc, kind, value = tuple(e["loc"]), e["type"], e.get("input")
     param = str(loc[0]) if loc else None
     where = _where(loc)
-    if kind == "unicode":
+    if kind == "unicode":  # our own validator's message (`check_unicode`), with the position
         return BadRequest(f"{where} {e['msg']}; send UTF-8 text", param=param)
     got = f"; got {short(value)}" if kind != "missing" else ""
     if loc == ("model",) and kind == "string_too_long":
@@ -200,5 +208,5 @@ def _bad_request(e: dict) -> BadRequest:
             return BadRequest(f"{_where(loc[:-1] if loc[-1] == 'url' else loc)}.url must be a string{got}",
                               param=param)
         return BadRequest(f"{where} must be a string{got}" if kind.startswith("string")
-                          else f"{where}: {e['msg']}{got}", param=param)
-    return BadRequest(f"{where or 'request body'}: {e['msg']}{got}", param=param)
+                          else f"{where} has a wrong type or value{got}", param=param)
+    return BadRequest(f"{where or 'request body'} has a wrong type or value{got}", param=param)

@@ -142,6 +142,10 @@ class HttpConfig(_Strict):
                                                             "the deployment's max_ongoing_requests.")
     max_json_depth: int = Field(16, gt=2, le=256, description="Deepest nesting of arrays and objects in a request "
                                                              "body (a chat request needs 6).")
+    max_json_items: int = Field(4096, gt=16, description="Most JSON values (every array element, object value and "
+                                                         "scalar) in a request body, checked before validation.")
+    max_jpeg_scans: int = Field(32, gt=0, description="Most scans of a JPEG image (a progressive JPEG has about 10; "
+                                                      "each scan is a decode pass over the whole image).")
     api_keys_env: str | None = Field(None, description="Environment variable holding comma-separated API keys; "
                                                       "when set, requests need 'Authorization: Bearer <key>'.")
     api_keys_file: str | None = Field(None, description="File of API keys, one per line (alternative to the "

@@ -56,3 +56,14 @@ class ConfigError(TandemError):
     """An operator's config is wrong; raised before anything is started."""
 
     status, error_type = 500, "config_error"
+
+
+def client_error(err: BaseException) -> TandemError | None:
+    """`err` as the plain Tandem error a client should get, when it is the client's fault (a 4xx):
+    an error raised on another replica arrives wrapped (Ray's dual exception class, whose text is a
+    traceback with the replica's name, pid, address and file paths); only its class, message and
+    field travel on. None for anything that is not a client error."""
+    if not isinstance(err, TandemError) or err.status >= 500:
+        return None
+    cls = next(c for c in type(err).__mro__ if issubclass(c, TandemError) and c.__module__ == __name__)
+    return cls(err.message, param=err.param, retry_after_s=err.retry_after_s)

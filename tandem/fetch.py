@@ -56,8 +56,8 @@ def fetch_image(url: str, *, allowed_hosts: tuple[str, ...], timeout_s: float, m
     port = parts.port or (443 if scheme == "https" else 80)
     try:
         addresses = resolver(host, port)
-    except OSError as err:
-        raise BadRequest(f"image host {short(host)} does not resolve: {short(str(err))}") from None
+    except OSError:
+        raise BadRequest(f"image host {short(host)} does not resolve") from None
     if not addresses or not all(address_allowed(a) for a in addresses):
         raise BadRequest(f"image host {short(host)} resolves to a non-public address; refused")
     if scheme == "https":
@@ -79,6 +79,6 @@ def fetch_image(url: str, *, allowed_hosts: tuple[str, ...], timeout_s: float, m
             raise PayloadTooLarge(f"remote image is over the limit of {max_bytes} bytes")
         return data
     except (OSError, http.client.HTTPException) as err:
-        raise BadRequest(f"image URL could not be fetched: {type(err).__name__}: {err}") from None
+        raise BadRequest(f"image URL could not be fetched ({type(err).__name__})") from None
     finally:
         conn.close()

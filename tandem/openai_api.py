@@ -16,11 +16,11 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from tandem.chat_schema import ChatBody, Message, TandemOptions, TextPart, json_depth_over, parse_body, short
+from tandem.chat_schema import ChatBody, Message, TandemOptions, TextPart, json_shape_problem, parse_body, short
 from tandem.config import HttpConfig, TandemConfig
 from tandem.errors import BadRequest, NotFound, PayloadTooLarge, TandemError
 from tandem.fetch import fetch_image
-from tandem.images import decode_image
+from tandem.images import check_resizable, decode_image
 from tandem.policies import POLICIES, POLICY_NAMES, parse_policy_id
 from tandem.schemas import AskRequest, TandemResult
 
@@ -59,17 +59,20 @@ def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None
         raise PayloadTooLarge(f"request body is {len(body)} bytes; the limit is {http.max_body_bytes}")
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise BadRequest(f"request body is not valid JSON: {short(str(err))}") from None
+    except json.JSONDecodeError as err:
+        raise BadRequest(f"request body is not valid JSON (line {err.lineno}, column {err.colno})") from None
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("request body is not valid JSON (send UTF-8)") from None
     except RecursionError:
         raise BadRequest(f"request body nests deeper than {http.max_json_depth} levels") from None
-    if json_depth_over(data, http.max_json_depth):
-        raise BadRequest(f"request body nests deeper than {http.max_json_depth} levels")
+    if problem := json_shape_problem(data, http.max_json_depth, http.max_json_items):
+        raise BadRequest(problem)
     chat = parse_body(data)
     policy, param = policy_for_model(chat.model, config.policy.default)
     _refuse_unsupported(data)
     options = _tandem_options(chat, config)
-    question, images = _parse_messages(chat.messages, http)
+    bounds = [(m.min_pixels, m.max_pixels) for m in (config.small, config.large)]
+    question, images = _parse_messages(chat.messages, http, bounds)
     return ChatRequest(
         ask=AskRequest(question=question, images=images, policy=policy, policy_param=param,
                        max_tokens=_max_tokens(chat, config), temperature=_temperature(chat),
@@ -140,8 +143,10 @@ def _temperature(chat: ChatBody) -> float | None:
     return float(value)
 
 
-def _parse_messages(messages: list[Message], http: HttpConfig) -> tuple[str, list[bytes]]:
-    """The conversation as one question text (turns in order) and its images in order."""
+def _parse_messages(messages: list[Message], http: HttpConfig,
+                    bounds: list[tuple[int, int]]) -> tuple[str, list[bytes]]:
+    """The conversation as one question text (turns in order) and its images in order, each image
+    checked against every model's processor (`bounds`: their min and max pixels)."""
     texts: list[str] = []
     images: list[bytes] = []
     for i, message in enumerate(messages):
@@ -152,7 +157,7 @@ def _parse_messages(messages: list[Message], http: HttpConfig) -> tuple[str, lis
             else:
                 if len(images) >= http.max_images:
                     raise BadRequest(f"too many images; the limit is {http.max_images}", param="messages")
-                images.append(_load_image(part.image_url.url, f"messages[{i}].content[{j}]", http))
+                images.append(_load_image(part.image_url.url, f"messages[{i}].content[{j}]", http, bounds))
     question = "\n".join(t for t in texts if t.strip())
     if not question.strip():
         raise BadRequest("the messages contain no text", param="messages")
@@ -162,7 +167,7 @@ def _parse_messages(messages: list[Message], http: HttpConfig) -> tuple[str, lis
     return question, images
 
 
-def _load_image(url: str, where: str, http: HttpConfig) -> bytes:
+def _load_image(url: str, where: str, http: HttpConfig, bounds: list[tuple[int, int]]) -> bytes:
     if _DATA_URL.match(url):
         payload = url.split(",", 1)[1]
         if len(payload) * 3 // 4 > http.max_image_bytes:
@@ -180,7 +185,12 @@ def _load_image(url: str, where: str, http: HttpConfig) -> bytes:
     else:
         raise BadRequest(f"{where}: only base64 data:image/... URLs are accepted (remote and local URLs are "
                          "refused unless an operator allow-lists their host)", param="messages")
-    decode_image(data, max_bytes=http.max_image_bytes, max_pixels=http.max_image_pixels)
+    try:
+        image = decode_image(data, max_bytes=http.max_image_bytes, max_pixels=http.max_image_pixels,
+                             max_jpeg_scans=http.max_jpeg_scans)
+        check_resizable(*image.size, bounds)
+    except TandemError as err:
+        raise type(err)(f"{where}: {err.message}", param="messages") from None
     return data
 
 

@@ -16,6 +16,7 @@ confidence above its threshold) has nothing left to stream: the caller sends it 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from typing import Awaitable, Callable
 from tandem import prompts
 from tandem.budget import StageEstimates, plan_reasoning
 from tandem.config import TandemConfig
-from tandem.errors import FeaturesLost, NotFound, StageTimeout
+from tandem.errors import FeaturesLost, NotFound, StageTimeout, client_error
 from tandem.policies import POLICIES, POLICY_NAMES, Outcome
 from tandem.schemas import (AskRequest, Decision, GenerationOutput, GenerationRequest, ImageFeatures,
                             SamplingParams, TandemResult)
@@ -33,6 +34,9 @@ from tandem.selectors import select_reasoning
 EncodeStage = Callable[[list[bytes], str], Awaitable[list[ImageFeatures]]]
 TextSink = Callable[[str], None]
 GenerateStage = Callable[[GenerationRequest, TextSink | None], Awaitable[GenerationOutput]]
+logger = logging.getLogger(__name__)
+# The decision's reason on a degraded answer: fixed, so no internals of the failure reach a client.
+SMALL_FAILED = "small model unavailable; answered by the large model alone"
 DeltaSink = Callable[[str, str], None]  # (kind: "content" | "reasoning", text)
 
 
@@ -62,9 +66,12 @@ class Pipeline:
         except _SmallFailed as failed:
             if self.config.policy.on_small_failure == "fail":
                 raise failed.__cause__ from None
-            # The small model is down or failing: answer with the large model alone, and say so.
+            # The small model is down or failing: answer with the large model alone, and say so. The
+            # cause is logged here, never sent: it can carry a replica's traceback and address.
+            logger.warning("request %s: small model failed (%s); answering with the large model",
+                           request.request_id, type(failed.__cause__).__name__)
             run.degraded = True
-            decision = Decision(False, f"small model failed: {type(failed.__cause__).__name__}: {failed.__cause__}")
+            decision = Decision(False, SMALL_FAILED)
             path, final = "large", await run.direct("large")
         run.latency_ms["total"] = run.elapsed_ms()
         return run.result(path, final, decision)
@@ -168,6 +175,8 @@ class _Run:
         except FeaturesLost:
             raise  # generate() encodes again and retries, once
         except Exception as err:
+            if (refused := client_error(err)) is not None:
+                raise refused from None  # the client's fault, whichever model said so: its 4xx
             if role == "small":
                 raise _SmallFailed(stage) from err
             raise

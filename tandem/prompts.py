@@ -20,12 +20,19 @@ SHORT_ANSWER_INSTRUCTION = "Answer with a single word, number or option letter."
 REASON_INSTRUCTION = f"Think step by step, then give the final answer after '{ANSWER_MARK}'."
 TRANSFER_HEADER = "Key reasoning from a helper model (may be incomplete):"
 
-_CONTROL_TOKENS = re.compile(r"<\|[a-z_]+\|>|</?think>")
+# Every special token of the Qwen3 family's vocabulary: `<|...|>` ones and the tag-shaped ones.
+_CONTROL_TOKENS = re.compile(r"<\|[a-z_]+\|>|</?(?:think|tool_call|tool_response)>")
 
 
 def sanitize(text: str) -> str:
-    """Remove control tokens (`<|im_end|>`, `<|image_pad|>`, `<think>`, ...) from untrusted text."""
-    return _CONTROL_TOKENS.sub("", text)
+    """Remove control tokens (`<|im_end|>`, `<|image_pad|>`, `<think>`, ...) from untrusted text, to a
+    fixed point: one removed from inside another (`<|im_<|x|>end|>`) must not leave a real one behind.
+    Text without control tokens comes back unchanged."""
+    while True:
+        cleaned = _CONTROL_TOKENS.sub("", text)
+        if cleaned == text:
+            return text
+        text = cleaned
 
 
 def _user_turn(question: str, n_images: int, *extra: str) -> str:

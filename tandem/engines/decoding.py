@@ -13,7 +13,8 @@ tokenized and checked there too, one request at a time, so one bad request fails
 
 What the loop needs from an engine (`StepEngine`): `prepare` (tokenize and validate one request),
 `prefill` (a state holding next-token scores for a list of prepared requests), `join`, `keep`
-(rows of a state), `choose` (the next token of each row, with its log-probability where asked) and
+(rows of a state), `choose` (the next token of each row, with its log-probability where asked, or
+the exception that row's sampling raised: that row fails alone) and
 `advance` (one decoding step on the chosen tokens), `detokenize`, `stop_token_ids`.
 """
 
@@ -42,7 +43,7 @@ class StepEngine(Protocol):
     def prefill(self, requests: list[GenerationRequest], prepared: list[Prepared]) -> Any: ...
     def join(self, state: Any, other: Any) -> Any: ...
     def keep(self, state: Any, rows: list[int]) -> Any: ...
-    def choose(self, state: Any, sampling: list[SamplingParams]) -> list[tuple[int, float | None]]: ...
+    def choose(self, state: Any, sampling: list[SamplingParams]) -> list[tuple[int, float | None] | Exception]: ...
     def advance(self, state: Any, token_ids: list[int]) -> None: ...
     def detokenize(self, token_ids: list[int]) -> str: ...
     def finish(self, request: GenerationRequest, output: GenerationOutput) -> None: ...
@@ -242,15 +243,44 @@ class DecodeLoop:
         for row in admitted:
             row.started = now
         self.prefill_sizes.append(len(admitted))
-        fresh = self.engine.prefill([r.request for r in admitted], prepared)
+        fresh, admitted, prepared = self._prefill_rows(admitted, prepared)
+        if fresh is None:
+            return state, rows
         for row, p in zip(admitted, prepared):
             row.prompt_tokens = p.prompt_tokens
         return (self.engine.join(state, fresh) if state is not None else fresh), rows + admitted
 
+    def _prefill_rows(self, admitted: list[Row], prepared: list[Prepared]):
+        """(state, rows, prepared) of the joining rows. A joint prefill that fails is retried row by
+        row, so a row that cannot be prefilled fails alone and the others join; the running batch is
+        never touched by a joining row's failure."""
+        try:
+            return self.engine.prefill([r.request for r in admitted], prepared), admitted, prepared
+        except Exception as err:
+            if len(admitted) == 1:
+                self._fail(admitted[0], err)
+                return None, [], []
+        state, kept, kept_prepared = None, [], []
+        for row, p in zip(admitted, prepared):
+            try:
+                one = self.engine.prefill([row.request], [p])
+            except Exception as err:
+                logger.warning("%s: prefill failed for one row: %s", self.name, type(err).__name__)
+                self._fail(row, err)
+                continue
+            state = self.engine.join(state, one) if state is not None else one
+            kept.append(row)
+            kept_prepared.append(p)
+        return state, kept, kept_prepared
+
     def _step(self, state, rows):
         choices = self.engine.choose(state, [r.request.sampling for r in rows])
         now = time.perf_counter()
-        for row, (token, logprob) in zip(rows, choices):
+        for row, choice in zip(rows, choices):
+            if isinstance(choice, BaseException):  # this row's sampling failed: it fails alone
+                self._fail(row, choice)
+                continue
+            token, logprob = choice
             row.steps += 1
             row.batch_size = max(row.batch_size, len(rows))
             row.first_token = row.first_token or now

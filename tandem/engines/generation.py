@@ -16,6 +16,11 @@ from tandem.schemas import GenerationOutput, GenerationRequest, TokenDelta
 DETOKENIZE_CONTEXT = 4
 
 
+# Below this temperature sampling is greedy (as in vLLM): logits divided by a tiny positive temperature
+# overflow to inf, and softmax of inf is NaN.
+GREEDY_BELOW = 1e-5
+
+
 def expand_placeholders(request: GenerationRequest, model: str) -> str:
     """The prompt with each image's one placeholder repeated to its visual token count; 400 when the
     placeholders and the features differ, or the features are another model's."""

@@ -22,7 +22,7 @@ from transformers import AutoModelForImageTextToText, DynamicCache
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
-from tandem.engines.generation import expand_placeholders, model_sampling, stop_token_ids
+from tandem.engines.generation import GREEDY_BELOW, expand_placeholders, model_sampling, stop_token_ids
 from tandem.engines.decoding import DecodeLoop, LoopEngine, Prepared
 from tandem.engines.protocol import VisionEngine
 from tandem.errors import BadRequest
@@ -35,7 +35,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def _sample(logits: torch.Tensor, s: SamplingParams) -> int:
-    """One token from a row's logits at the row's temperature, within its top_k and top_p."""
+    """One token from a row's logits at the row's temperature, within its top_k and top_p; greedy when
+    the temperature is under `GREEDY_BELOW` or the probabilities come out non-finite (never NaN into
+    `multinomial`)."""
+    if s.temperature < GREEDY_BELOW:
+        return int(logits.argmax())
     scores = logits / s.temperature
     if 0 < s.top_k < scores.numel():
         kth = torch.topk(scores, s.top_k).values[-1]
@@ -45,6 +49,8 @@ def _sample(logits: torch.Tensor, s: SamplingParams) -> int:
         ordered, order = probs.sort(descending=True)
         outside = ordered.cumsum(-1) - ordered > s.top_p  # keep the smallest head reaching top_p
         probs = probs.scatter(0, order, ordered.masked_fill(outside, 0.0))
+    if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+        return int(logits.argmax())
     return int(torch.multinomial(probs, 1))
 
 
@@ -261,15 +267,17 @@ class TransformersEngine(LoopEngine, VisionEngine):
 
     def choose(self, state: _Batch, sampling: list[SamplingParams]) -> list[tuple[int, float | None]]:
         """Each row's next token (greedy, or sampled at its temperature), and its log-probability only
-        where the row asked for it: one logsumexp per such row, not a log-softmax over the vocabulary."""
+        where the row asked for it: one logsumexp per such row, not a log-softmax over the vocabulary.
+        A row whose sampling raises gets its exception in its place (the decode loop fails it alone)."""
         logits, chosen = state.logits, state.logits.argmax(-1).tolist()
-        out = []
+        out: list = []
         for i, s in enumerate(sampling):
-            token = chosen[i]
-            if s.temperature > 0:
-                token = _sample(logits[i], s)
-            lp = float(logits[i, token] - torch.logsumexp(logits[i], -1)) if s.logprobs else None
-            out.append((token, lp))
+            try:
+                token = _sample(logits[i], s) if s.temperature > 0 else chosen[i]
+                lp = float(logits[i, token] - torch.logsumexp(logits[i], -1)) if s.logprobs else None
+                out.append((token, lp))
+            except Exception as err:  # this row's sampling fails alone; the batch goes on
+                out.append(err)
         return out
 
     @torch.inference_mode()

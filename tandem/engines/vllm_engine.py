@@ -28,7 +28,7 @@ import torch
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
-from tandem.engines.generation import (expand_placeholders, model_sampling, queued_events, stop_token_ids,
+from tandem.engines.generation import (GREEDY_BELOW, expand_placeholders, model_sampling, queued_events, stop_token_ids,
                                       token_pieces)
 from tandem.engines.protocol import EngineStats, GenerationEngine
 from tandem.errors import BadRequest, ConfigError
@@ -210,7 +210,8 @@ class VllmEngine(GenerationEngine):
                              f"{self.max_prompt_tokens}", param="messages")
         s = request.sampling
         params = VllmSampling(
-            max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0,
+            max_tokens=s.max_tokens, temperature=s.temperature if s.temperature >= GREEDY_BELOW else 0.0,
+            top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0,
             stop=list(s.stop) or None, stop_token_ids=sorted(self.stop_token_ids), logprobs=0 if s.logprobs else None,
             skip_special_tokens=True, spaces_between_special_tokens=False, output_kind=RequestOutputKind.DELTA)
         prompt: dict = {"prompt": request.prompt}

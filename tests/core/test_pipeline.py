@@ -10,7 +10,7 @@ from tandem.config import TandemConfig, load_tandem_config
 from tandem.engines.fake import FakeEngine
 from tandem.errors import FeaturesLost, NotFound
 from tandem.local import local_stages
-from tandem.pipeline import Pipeline, Stages
+from tandem.pipeline import SMALL_FAILED, Pipeline, Stages
 from tandem.prompts import TRANSFER_HEADER
 from tandem.schemas import AskRequest, GenerationOutput
 
@@ -199,7 +199,7 @@ async def test_small_failure_degrades_to_the_large_model(policy):
     pipeline, eng = make_failing_small(cfg)
     result = await ask(pipeline, policy)
     assert (result.path, result.degraded, result.answer) == ("large", True, "B")
-    assert "RuntimeError: replica died" in result.decision.reason
+    assert result.decision.reason == SMALL_FAILED  # fixed: a failure's text can carry a replica's traceback
     assert result.trace()["degraded"] is True
     assert len(prompts_sent(eng["large"])) == 1  # mutual reuses its stage-1 large answer
 
@@ -230,7 +230,7 @@ async def test_a_slow_small_stage_degrades_under_its_deadline():
     cfg = load_tandem_config({"limits": {"stage_timeout_s": 0.1}})
     engines = {"small": FakeEngine("small", rule("A"), delay_s=1.0), "large": FakeEngine("large", rule("B"))}
     result = await ask(Pipeline(cfg, local_stages(engines)), "mutual")
-    assert result.degraded and "StageTimeout" in result.decision.reason and "small_direct" in result.decision.reason
+    assert result.degraded and result.decision.reason == SMALL_FAILED
 
 
 async def test_attention_selector_transfers_what_the_small_answer_attended_to():

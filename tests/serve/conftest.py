@@ -22,6 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_BATCH = {"max_batch_size": 8, "batch_wait_timeout_s": 0.05}
+FORCED_BATCH = {"max_batch_size": 8, "batch_wait_timeout_s": 0.5}
 API_KEY = "test-key-1"
 ENGINE = os.environ.get("TANDEM_TEST_ENGINE", "transformers")
 # serve_config.vllm-cpu.yaml's engine arguments.
@@ -41,7 +42,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def app_configs(large_batch: dict | None = None) -> list[dict]:
+def app_configs(large_batch: dict | None = None, *, forced_batches: bool = False) -> list[dict]:
+    """The two test apps. `forced_batches`: every batching deployment of `tandem` waits long enough
+    (`FORCED_BATCH`) that requests sent together are batched together — the fault-isolation tests
+    need that whatever the default waits become."""
     base = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]
     tandem = copy.deepcopy(base)
     tandem["args"]["small"] = _model("tiny:small", "think_tags")
@@ -49,9 +53,11 @@ def app_configs(large_batch: dict | None = None) -> list[dict]:
     tandem["args"]["engine"] = ENGINE
     for dep in tandem["deployments"]:
         if dep["name"] in ("SmallReasoner", "LargeAnswerer"):
-            dep["user_config"] = dict(TEST_BATCH)
+            dep["user_config"] = dict(FORCED_BATCH if forced_batches else TEST_BATCH)
         if dep["name"] == "LargeAnswerer" and large_batch:
             dep["user_config"] = dict(large_batch)
+        if dep["name"] == "VisionEncoder" and forced_batches:
+            dep["user_config"] = dict(dep.get("user_config") or {}, **FORCED_BATCH)
     agree = copy.deepcopy(tandem)
     agree.update(name="agree", route_prefix="/agree")
     agree["args"]["small"] = _model("tiny:large", "prompted")
