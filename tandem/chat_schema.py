@@ -122,8 +122,19 @@ class TandemOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     stream_reasoning: StrictBool = False
+    return_reasoning: StrictBool = False
     reasoning_max_tokens: StrictInt | None = None  # bounded by the config's limit in openai_api
     latency_budget_ms: StrictInt | StrictFloat | None = None
+
+
+class StreamOptions(BaseModel):
+    """OpenAI's `stream_options`."""
+
+    model_config = ConfigDict(extra="ignore")
+    include_usage: StrictBool = False
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 class ChatBody(BaseModel):
@@ -134,6 +145,9 @@ class ChatBody(BaseModel):
     max_completion_tokens: StrictInt | None = None
     temperature: StrictFloat | None = None
     stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
+    thinking_token_budget: StrictInt | None = None  # vLLM's name for tandem.reasoning_max_tokens
     tandem: TandemOptions | None = None
 
 
@@ -170,6 +184,9 @@ _TOP_LEVEL = {
     "max_completion_tokens": "'max_completion_tokens' must be an integer",
     "temperature": "'temperature' must be a number from 0 to 2",
     "stream": "'stream' must be a boolean",
+    "stream_options": "'stream_options' must be an object with a boolean 'include_usage'",
+    "reasoning_effort": f"'reasoning_effort' must be one of {list(EFFORTS)}",
+    "thinking_token_budget": "'thinking_token_budget' must be an integer",
     "tandem": "'tandem' must be an object",
 }
 
@@ -189,7 +206,7 @@ def _bad_request(e: dict) -> BadRequest:
         if kind == "extra_forbidden":
             return BadRequest(f"unknown 'tandem' option {short(loc[-1])}; known: {list(TandemOptions.model_fields)}",
                               param=param)
-        kinds = {"stream_reasoning": "a boolean", "reasoning_max_tokens": "an integer",
+        kinds = {"stream_reasoning": "a boolean", "return_reasoning": "a boolean", "reasoning_max_tokens": "an integer",
                  "latency_budget_ms": "a number of milliseconds"}
         field = str(loc[1]) if len(loc) > 1 else ""  # loc[2:], when there, names a union member
         return BadRequest(f"'tandem.{field}' must be {kinds.get(field, 'an object')}{got}", param=f"tandem.{field}")

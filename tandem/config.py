@@ -111,6 +111,16 @@ class SelectorConfig(_Strict):
     span_tokens: int = Field(16, gt=0, description="`attention`: reasoning is scored in spans of this many tokens.")
 
 
+class EffortFractions(_Strict):
+    """What OpenAI's `reasoning_effort` sets: the share of `limits.reasoning_max_tokens` a request may
+    reason for (`none` and `minimal`: no reasoning at all)."""
+
+    low: float = Field(0.25, gt=0, le=1, description="`reasoning_effort: low`.")
+    medium: float = Field(0.5, gt=0, le=1, description="`reasoning_effort: medium`.")
+    high: float = Field(1.0, gt=0, le=1, description="`reasoning_effort: high`.")
+    xhigh: float = Field(1.0, gt=0, le=1, description="`reasoning_effort: xhigh`.")
+
+
 class GenerationLimits(_Strict):
     """Token budgets per kind of stage."""
 
@@ -120,6 +130,8 @@ class GenerationLimits(_Strict):
                                     description="Most tokens a client may ask for through max_tokens.")
     max_prompt_tokens: int = Field(4096, gt=0, description="Longest prompt a model server accepts (400 above).")
     stage_timeout_s: float = Field(60.0, gt=0, description="Deadline of each stage call (504 naming the stage).")
+    reasoning_effort: EffortFractions = Field(default_factory=EffortFractions,
+                                              description="The reasoning budget each `reasoning_effort` allows.")
 
 
 class HttpConfig(_Strict):

@@ -33,6 +33,8 @@ class ChatRequest:
     ask: AskRequest
     model: str
     stream: bool
+    include_usage: bool = False  # stream_options.include_usage: usage in one extra final chunk
+    return_reasoning: bool = False  # tandem.return_reasoning: message.reasoning in a whole response
 
 
 def model_ids() -> list[str]:
@@ -71,6 +73,12 @@ def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None
     policy, param = policy_for_model(chat.model, config.policy.default)
     _refuse_unsupported(data)
     options = _tandem_options(chat, config)
+    budget, effort = _reasoning_budget(chat, options, config)
+    if effort and effort["reasoning_max_tokens"] == 0:
+        policy, param = "large", None  # no reasoning at all: the large model answers directly
+        effort["policy"] = "large"
+    if chat.stream_options is not None and not chat.stream:
+        raise BadRequest("'stream_options' is only allowed when 'stream' is true", param="stream_options")
     bounds = [(m.min_pixels, m.max_pixels) for m in (config.small, config.large)]
     question, images = _parse_messages(chat.messages, http, bounds)
     return ChatRequest(
@@ -78,18 +86,26 @@ def parse_chat_request(body: bytes, config: TandemConfig, request_id: str | None
                        max_tokens=_max_tokens(chat, config), temperature=_temperature(chat),
                        request_id=request_id or f"chatcmpl-{uuid.uuid4().hex[:24]}",
                        stream_reasoning=options.stream_reasoning,
-                       reasoning_max_tokens=options.reasoning_max_tokens,
+                       reasoning_max_tokens=budget, reasoning_effort=effort,
                        latency_budget_ms=None if options.latency_budget_ms is None else float(options.latency_budget_ms)),
-        model=chat.model, stream=chat.stream)
+        model=chat.model, stream=chat.stream, return_reasoning=options.return_reasoning,
+        include_usage=bool(chat.stream_options and chat.stream_options.include_usage))
 
 
 def _tandem_options(chat: ChatBody, config: TandemConfig) -> TandemOptions:
-    """The body's `tandem` object, its bounds checked against the config (400 naming the field)."""
+    """The body's `tandem` object, its bounds checked against the config (400 naming the field);
+    `thinking_token_budget` (vLLM's name) stands for its `reasoning_max_tokens`."""
     options = chat.tandem or TandemOptions()
+    if chat.thinking_token_budget is not None:
+        if options.reasoning_max_tokens is not None:
+            raise BadRequest("give 'thinking_token_budget' or 'tandem.reasoning_max_tokens', not both",
+                             param="thinking_token_budget")
+        options = options.model_copy(update={"reasoning_max_tokens": chat.thinking_token_budget})
+    field = "thinking_token_budget" if chat.thinking_token_budget is not None else "tandem.reasoning_max_tokens"
     limit = config.limits.reasoning_max_tokens
     if options.reasoning_max_tokens is not None and not 1 <= options.reasoning_max_tokens <= limit:
-        raise BadRequest(f"'tandem.reasoning_max_tokens' must be an integer from 1 to {limit} (the server's "
-                         f"reasoning limit); got {short(options.reasoning_max_tokens)}", param="tandem.reasoning_max_tokens")
+        raise BadRequest(f"'{field}' must be an integer from 1 to {limit} (the server's "
+                         f"reasoning limit); got {short(options.reasoning_max_tokens)}", param=field)
     deadline_ms = config.http.request_timeout_s * 1000
     if options.latency_budget_ms is not None and not 0 < options.latency_budget_ms <= deadline_ms:
         raise BadRequest(f"'tandem.latency_budget_ms' must be a number of milliseconds above 0 and at most "
@@ -111,7 +127,6 @@ _UNSUPPORTED: dict[str, tuple[tuple, str]] = {
     "response_format": (({"type": "text"},), _TEXT_ONLY), "audio": ((), _TEXT_ONLY),
     "modalities": ((["text"],), _TEXT_ONLY), "prediction": ((), "no predicted outputs"),
     "web_search_options": ((), "no web search"),
-    "reasoning_effort": ((), "the policy decides how much reasoning a request gets (model: tandem:<policy>)"),
 }
 
 
@@ -122,6 +137,20 @@ def _refuse_unsupported(data: dict) -> None:
             continue
         raise BadRequest(f"'{key}' is not supported ({why}); omit it or send null"
                          + (f" or {defaults[0]!r}" if defaults else "") + f"; got {short(value)}", param=key)
+
+
+def _reasoning_budget(chat: ChatBody, options: TandemOptions, config: TandemConfig) -> tuple[int | None, dict | None]:
+    """(the request's reasoning budget, what its `reasoning_effort` applied). An effort from `low` up
+    allows its configured share of `limits.reasoning_max_tokens` (a token budget given beside it
+    caps that further); `none` and `minimal` allow none: the large model answers directly."""
+    effort = chat.reasoning_effort
+    if effort is None:
+        return options.reasoning_max_tokens, None
+    limit = config.limits.reasoning_max_tokens
+    allowed = 0 if effort in ("none", "minimal") else max(1, int(getattr(config.limits.reasoning_effort, effort) * limit))
+    if options.reasoning_max_tokens is not None and allowed:
+        allowed = min(allowed, options.reasoning_max_tokens)
+    return (allowed or None), {"effort": effort, "reasoning_max_tokens": allowed}
 
 
 def _max_tokens(chat: ChatBody, config: TandemConfig) -> int | None:
@@ -204,18 +233,25 @@ def usage(result: TandemResult) -> dict:
 
 
 def chat_completion(result: TandemResult, chat: ChatRequest, created: int | None = None) -> dict:
+    message = {"role": "assistant", "content": result.answer}
+    if chat.return_reasoning:
+        message["reasoning"] = result.reasoning or None  # vLLM's field: the whole reasoning of the path
     return {
         "id": chat.ask.request_id, "object": "chat.completion", "created": created or int(time.time()),
         "model": chat.model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": result.answer},
-                     "finish_reason": result.finish_reason, "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": result.finish_reason, "logprobs": None}],
         "usage": usage(result), "tandem": result.trace(),
     }
 
 
-def _chunk(chat: ChatRequest, created: int, delta: dict, finish: str | None = None, **extra) -> str:
+def _chunk(chat: ChatRequest, created: int, delta: dict | None, finish: str | None = None, **extra) -> str:
+    """One SSE chunk; `delta` None: the usage chunk of `include_usage`, with empty choices. With
+    `include_usage` every other chunk carries `"usage": null`, as OpenAI's do."""
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+    if chat.include_usage:
+        extra.setdefault("usage", None)
     body = {"id": chat.ask.request_id, "object": "chat.completion.chunk", "created": created, "model": chat.model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+            "choices": choices, **extra}
     return f"data: {json.dumps(body)}\n\n"
 
 
@@ -224,9 +260,12 @@ def stream_start(chat: ChatRequest, created: int) -> str:
 
 
 def stream_delta(chat: ChatRequest, created: int, kind: str, text: str) -> str:
-    """One decoded piece: answer text as `content`, reasoning as `reasoning_content` (the vLLM and
-    DeepSeek convention, which OpenAI clients pass through in `model_extra`)."""
-    return _chunk(chat, created, {"content" if kind == "content" else "reasoning_content": text})
+    """One decoded piece: answer text as `content`; reasoning as `reasoning` (vLLM's field) and, the
+    same text, `reasoning_content` (its older name, DeepSeek's), which OpenAI clients pass through in
+    `model_extra`."""
+    if kind == "content":
+        return _chunk(chat, created, {"content": text})
+    return _chunk(chat, created, {"reasoning": text, "reasoning_content": text})
 
 
 class AnswerStream:
@@ -252,10 +291,15 @@ class AnswerStream:
 
 
 def stream_rest(result: TandemResult, chat: ChatRequest, created: int, pieces: list[str]) -> list[str]:
-    """Content chunks (what remains of the answer), a closing chunk carrying usage and the trace,
-    and [DONE]."""
+    """Content chunks (what remains of the answer), a closing chunk with the finish reason and the
+    trace (and usage, unless `include_usage` asked for it in one extra final chunk with empty
+    `choices`, as OpenAI sends it), and [DONE]."""
     chunks = [_chunk(chat, created, {"content": p}) for p in pieces if p]
-    chunks.append(_chunk(chat, created, {}, result.finish_reason, usage=usage(result), tandem=result.trace()))
+    if chat.include_usage:
+        chunks.append(_chunk(chat, created, {}, result.finish_reason, tandem=result.trace()))
+        chunks.append(_chunk(chat, created, None, usage=usage(result)))
+    else:
+        chunks.append(_chunk(chat, created, {}, result.finish_reason, usage=usage(result), tandem=result.trace()))
     chunks.append("data: [DONE]\n\n")
     return chunks
 

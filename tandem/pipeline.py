@@ -149,6 +149,7 @@ class _Run:
         self.transferred_tokens = 0
         self.excerpt = ""
         self.degraded = False
+        self.reasoning = ""  # the reasoning on the answer's path, whole
         self.budget: dict | None = None
         self._features: dict[str, asyncio.Future] = {}
         self._direct: dict[str, asyncio.Future] = {}
@@ -312,6 +313,7 @@ class _Run:
         if max_tokens is None:
             return f"{role}_direct", await self.direct(role, final=True), None
         prompt, _, reasoning = await self.reason(role, self.reasoning_sink, max_tokens)
+        self.reasoning = reasoning
         follow = prompts.answer_after_reasoning(prompt, reasoning, self.fmt(role))
         return path, await self.generate(f"{role}_answer", role, follow, self.answer_tokens, sink=self.content), None
 
@@ -339,6 +341,7 @@ class _Run:
 
     async def transfer(self, reasoning: Awaitable[tuple[str, list[str], str]]) -> GenerationOutput:
         prompt, token_texts, text = await reasoning
+        self.reasoning = text
         scores = None
         if self.cfg.selector.kind == "attention":
             # The small model answers after its reasoning; what that answer attended to is what matters.
@@ -362,4 +365,5 @@ class _Run:
             cached_tokens=self.cached_tokens, images_encoded=self.images_encoded, finish_reason=final.finish_reason,
             reasoning_excerpt=self.excerpt, request_id=self.req.request_id, degraded=self.degraded,
             stages=self.stages, params={self.spec.param.name: self.param} if self.spec.param else {},
-            budget=self.budget and {**self.budget, "actual_ms": round(self.latency_ms["total"], 3)})
+            budget=self.budget and {**self.budget, "actual_ms": round(self.latency_ms["total"], 3)},
+            reasoning=self.reasoning, reasoning_effort=self.req.reasoning_effort)

@@ -100,6 +100,7 @@ class AskRequest:
     stream_reasoning: bool = False  # when streamed: the reasoning on the answer's path, as it is decoded
     reasoning_max_tokens: int | None = None  # the request's reasoning budget (within the config's)
     latency_budget_ms: float | None = None  # reasoning is shortened or skipped to answer within it
+    reasoning_effort: dict | None = None  # what a `reasoning_effort` applied, echoed in the trace
 
 
 @dataclass
@@ -131,6 +132,8 @@ class TandemResult:
     stages: dict[str, dict] = field(default_factory=dict)  # per stage: decode steps and ms, ttft, batch size
     params: dict[str, float] = field(default_factory=dict)  # the policy's parameter, as used
     budget: dict | None = None  # what a latency budget made of the reasoning: action, predicted and actual ms
+    reasoning: str = ""  # the whole reasoning the answer's path generated (the excerpt is what was transferred)
+    reasoning_effort: dict | None = None  # what the request's `reasoning_effort` applied
 
     @property
     def reasoning_tokens(self) -> int:
@@ -159,4 +162,5 @@ class TandemResult:
             "images_encoded": dict(self.images_encoded),
             "degraded": self.degraded,
             **({"budget": dict(self.budget)} if self.budget else {}),
+            **({"reasoning_effort": dict(self.reasoning_effort)} if self.reasoning_effort else {}),
         }

@@ -100,7 +100,7 @@ def test_tandem_options_ride_in_the_body():
                                           ("presence_penalty", 0.5), ("logprobs", True), ("tools", [{"type": "function"}]),
                                           ("response_format", {"type": "json_object"}), ("n", True),
                                           ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
-                                          ("reasoning_effort", "high"), ("functions", [{"name": "f"}])])
+                                          ("functions", [{"name": "f"}])])
 def test_unsupported_sampling_fields_are_refused_not_ignored(field, value):
     with pytest.raises(BadRequest, match=f"'{field}' is not supported") as err:
         parse_chat_request(body(**{field: value}), CFG)
