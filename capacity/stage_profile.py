@@ -76,7 +76,7 @@ def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -
         prompt = prompts.direct_prompt(question, 1, config.model(role).reasoning_format)
         prefill, step = [], []
         for b in grid["batches"]:
-            engine.configure(max_batch_size=b, batch_wait_s=1.0)  # the b rows join in one prefill
+            engine.configure(max_batch_size=b, batch_wait_s=1.0, adaptive_wait=False)  # the b rows join in one prefill
 
             def run(tokens: int):
                 req = GenerationRequest(prompt, feats, SamplingParams(max_tokens=tokens))

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import AsyncIterator
+from typing import AsyncIterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 import ray
+from ray.serve.metrics import Gauge
 
 from tandem.config import TandemConfig
 from tandem.engines import make_engine
@@ -27,7 +28,12 @@ class BatchingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     max_batch_size: int = Field(8, gt=0, description="Most requests decoded together.")
-    batch_wait_timeout_s: float = Field(0.01, ge=0, description="How long an idle server waits for a batch to fill.")
+    batch_wait_timeout_s: float = Field(0.01, ge=0, description="How long an idle server may wait for a batch to fill.")
+    batch_wait_mode: Literal["adaptive", "always"] = Field(
+        "adaptive", description="adaptive: an idle server waits only while requests arrive closer together than "
+                                "the wait (a lone request starts at once); always: it always waits.")
+    prefix_cache_bytes: int = Field(64 * 2**20, ge=0, description="Prompt KV kept for a request's next stage on "
+                                                                  "this model (0: off; vLLM keeps its own).")
 
 
 class ModelServer:
@@ -37,11 +43,17 @@ class ModelServer:
         self.engine = make_engine(config, self.role, vision=False)
         self.engine.warm_up()
         self.batching = BatchingConfig()
+        self.prefix_bytes = Gauge("tandem_prefix_cache_bytes", "Bytes of prompt KV kept for requests' next stages.",
+                                  ("role",))
+        self.prefix_hit_rate = Gauge("tandem_prefix_cache_hit_rate", "Share of follow-up stages that reused their "
+                                     "request's kept prompt head.", ("role",))
         self.reconfigure({})
 
     def reconfigure(self, user_config: dict) -> None:
         self.batching = BatchingConfig.model_validate(user_config or {})
-        self.engine.configure(self.batching.max_batch_size, self.batching.batch_wait_timeout_s)
+        b = self.batching
+        self.engine.configure(b.max_batch_size, b.batch_wait_timeout_s, adaptive_wait=b.batch_wait_mode == "adaptive",
+                              prefix_cache_bytes=b.prefix_cache_bytes)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | GenerationOutput]:
         """`request.images` may hold ObjectRefs from the VisionEncoder; they are fetched here, from
@@ -58,6 +70,15 @@ class ModelServer:
                 yield event
         finally:  # cancelled or closed early: the row leaves the batch
             await events.aclose()
+            self._report_prefix_cache()
+
+    def _report_prefix_cache(self) -> None:
+        cache = self.engine.stats().prefix_cache
+        if cache:
+            tags = {"role": self.role}
+            self.prefix_bytes.set(cache["prefix_cache_bytes"], tags=tags)
+            if cache["prefix_cache_hit_rate"] is not None:
+                self.prefix_hit_rate.set(cache["prefix_cache_hit_rate"], tags=tags)
 
     async def generate(self, request: GenerationRequest) -> GenerationOutput:
         return await collect(self.stream(request))
@@ -71,7 +92,7 @@ class ModelServer:
     def stats(self) -> dict:
         stats = self.engine.stats()
         return {"role": self.role, "pid": os.getpid(), "batch_sizes": stats.prefill_sizes,
-                "cancelled": stats.cancelled, **self.batching.model_dump()}
+                "cancelled": stats.cancelled, **stats.prefix_cache, **self.batching.model_dump()}
 
     def decoded_tokens(self, request_id: str) -> int:
         """Decoding steps this replica ran for a request (every stage of it): what cancellation saves."""

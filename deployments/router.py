@@ -31,6 +31,7 @@ from tandem.schemas import GenerationOutput, GenerationRequest, TandemResult, To
 logger = logging.getLogger("ray.serve")
 _INTERNAL = TandemError("internal error while answering; see the server log")
 _LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000]
+_TPOT_BOUNDARIES_MS = [0.5, 1, 2, 5, 10, 20, 30, 50, 75, 100, 200, 500]
 
 
 def _generate_stage(handle: DeploymentHandle):
@@ -70,6 +71,12 @@ class Router:
         self.transferred_tokens = Counter("tandem_transferred_tokens", "Reasoning tokens transferred.", ("policy",))
         self.stage_latency = Histogram("tandem_stage_latency_ms", "Latency of each pipeline stage.",
                                        _LATENCY_BOUNDARIES_MS, ("stage",))
+        # What operators autoscale LLM servers on, per generating stage.
+        per_stage = ("stage", "role", "engine", "policy")
+        self.stage_ttft = Histogram("tandem_stage_ttft_ms", "Time to a generating stage's first token, from its "
+                                    "call reaching the model server.", _LATENCY_BOUNDARIES_MS, per_stage)
+        self.stage_tpot = Histogram("tandem_stage_tpot_ms", "Time per output token of a generating stage, after "
+                                    "its first.", _TPOT_BOUNDARIES_MS, per_stage)
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path[len(request.scope.get("root_path", "")):] or "/"
@@ -199,6 +206,11 @@ class Router:
             self.transferred_tokens.inc(result.transferred_tokens, tags={"policy": result.policy})
         for stage, ms in result.latency_ms.items():
             self.stage_latency.observe(ms, tags={"stage": stage})
+        for stage, s in result.stages.items():
+            tags = {"stage": stage, "role": stage.split("_", 1)[0], "engine": self.config.engine, "policy": result.policy}
+            self.stage_ttft.observe(s["ttft_ms"], tags=tags)
+            if s.get("tpot_ms") is not None:
+                self.stage_tpot.observe(s["tpot_ms"], tags=tags)
         logger.info(json.dumps({"event": "tandem_request", "request_id": result.request_id, "policy": result.policy,
                                 "path": result.path, "latency_ms": round(result.latency_ms.get("total", 0.0), 1),
                                 "transferred_tokens": result.transferred_tokens}))

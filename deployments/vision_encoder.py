@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections import OrderedDict, deque
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 import ray
@@ -29,7 +31,10 @@ class VisionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     max_batch_size: int = Field(8, gt=0, description="Most encode calls batched together.")
-    batch_wait_timeout_s: float = Field(0.005, ge=0, description="How long a batch waits to fill.")
+    batch_wait_timeout_s: float = Field(0.005, ge=0, description="How long a batch may wait to fill.")
+    batch_wait_mode: Literal["adaptive", "always"] = Field(
+        "adaptive", description="adaptive: a batch waits to fill only while calls arrive closer together than the "
+                                "wait (a lone call is encoded at once); always: every batch waits.")
     feature_cache_size: int = Field(256, ge=0, description="Images whose features are kept, per replica.")
     feature_cache_bytes: int = Field(256 * 2**20, ge=0,
                                      description="Most bytes of features kept, per replica (they are pinned in "
@@ -82,6 +87,7 @@ class VisionEncoder:
         for tower in self.towers.values():
             tower.warm_up()
         self.settings = VisionConfig()
+        self._last_call, self._waiting = 0.0, self.settings.batch_wait_timeout_s
         self.cache = FeatureCache(self.settings.feature_cache_size, self.settings.feature_cache_bytes)
         self.encoded: dict[str, int] = {role: 0 for role in self.towers}
         self.cache_hits = 0
@@ -92,10 +98,12 @@ class VisionEncoder:
         self.cache.configure(self.settings.feature_cache_size, self.settings.feature_cache_bytes)
         self._encode_batch.set_max_batch_size(self.settings.max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(self.settings.batch_wait_timeout_s)
+        self._waiting = self.settings.batch_wait_timeout_s
 
     async def encode(self, images: list[bytes], model: str) -> list[ray.ObjectRef]:
         """References to each image's features for `model` (a list of ObjectRef[ImageFeatures]). A
         call whose image fails to encode raises alone: the batch it shared answers the others."""
+        self._adapt_wait()
         result = await self._encode_batch((images, model))
         if isinstance(result, BaseException):
             raise result
@@ -144,6 +152,18 @@ class VisionEncoder:
             out[role, digest] = ray.put(feat)
             self.cache.put((role, digest), out[role, digest], feature_bytes(feat))
         return out
+
+    def _adapt_wait(self) -> None:
+        """Under `adaptive`, the batch waits only while calls arrive closer together than the wait:
+        at an idle replica a call is encoded at once instead of waiting for company that is not coming."""
+        now = time.monotonic()
+        gap, self._last_call = now - self._last_call, now
+        wanted = self.settings.batch_wait_timeout_s
+        if self.settings.batch_wait_mode == "adaptive" and gap >= wanted:
+            wanted = 0.0
+        if wanted != self._waiting:
+            self._encode_batch.set_batch_wait_timeout_s(wanted)
+            self._waiting = wanted
 
     async def check_health(self) -> None:
         """Serve's periodic probe (raising restarts the replica): each tower's device still computes."""

@@ -36,7 +36,7 @@ def decode_image(data: bytes, *, max_bytes: int = 10 * 2**20, max_pixels: int = 
     except PayloadTooLarge:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise PayloadTooLarge("image rejected as a decompression bomb") from None
+        raise PayloadTooLarge(f"image is over {max_pixels} pixels (refused as a decompression bomb)") from None
     except Exception:  # PIL raises many types for corrupt input; all mean the same to a client
         raise BadRequest(f"image could not be decoded (formats accepted: {', '.join(ALLOWED_FORMATS)})") from None
     if width < 1 or height < 1:

@@ -109,7 +109,15 @@ class _Speculation:
     def __init__(self, run: "_Run"):
         on = run.cfg.policy.speculative and run.req.latency_budget_ms is None
         self.gate = _Gate(run.reasoning_sink) if on and run.reasoning_sink else None
-        self.future = asyncio.ensure_future(run.reason("small", self.gate)) if on else None
+        self.future = asyncio.ensure_future(self._reason(run)) if on else None
+
+    async def _reason(self, run: "_Run"):
+        out = await run.reason("small", self.gate)
+        # It ran beside the small model's direct stage, whose prompt head was not kept yet: say so.
+        stage = run.stages.get("small_reasoning")
+        if stage is not None and not stage["cached_tokens"]:
+            stage["reuse"] = "none: ran at once with small_direct"
+        return out
 
     @property
     def started(self) -> bool:
@@ -239,7 +247,10 @@ class _Run:
         self.stages[stage] = {"prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens,
                               "decode_steps": out.decode_steps,
                               "decode_ms": round(out.decode_ms, 3), "ttft_ms": round(out.ttft_ms, 3),
-                              "queue_ms": round(out.queue_ms, 3), "batch_size": out.batch_size}
+                              "queue_ms": round(out.queue_ms, 3), "batch_size": out.batch_size,
+                              # time per output token after the first (the engine's own clock)
+                              "tpot_ms": round((out.latency_ms - out.ttft_ms) / (out.decode_steps - 1), 3)
+                              if out.decode_steps > 1 else None}
         return out
 
     @property

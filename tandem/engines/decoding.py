@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol
 
 from tandem.engines.generation import next_piece, queued_events
+from tandem.engines.prefix_cache import PrefixStore
 from tandem.engines.protocol import EngineStats, GenerationEngine
 from tandem.schemas import GenerationOutput, GenerationRequest, SamplingParams, TokenDelta
 
@@ -54,10 +55,12 @@ Sink = Callable[[Any], None]
 
 @dataclass
 class Prepared:
-    """A request made ready by its engine: its prompt's length in tokens and what prefill needs."""
+    """A request made ready by its engine: its prompt's length in tokens, what prefill needs, and how
+    many of its tokens' KV the engine reuses instead of computing (a prefix cache hit)."""
 
     prompt_tokens: int
     data: Any
+    cached_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -72,6 +75,7 @@ class Row:
     sent: int = 0  # characters of `text` already handed to the sink
     committed: int = 0  # tokens of `ids` whose text is in `text`
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     steps: int = 0
     batch_size: int = 0
     started: float | None = None
@@ -118,6 +122,8 @@ class DecodeLoop:
                  name: str = "decode"):
         self.engine, self.name = engine, name
         self.max_batch_size, self.batch_wait_s = max_batch_size, batch_wait_s
+        self.adaptive_wait = True
+        self._last_submit, self._last_gap = 0.0, float("inf")
         self._cv = threading.Condition()
         self._pending: collections.deque[Row] = collections.deque()
         self._thread: threading.Thread | None = None
@@ -126,9 +132,12 @@ class DecodeLoop:
         self.decoded: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.cancelled = 0
 
-    def configure(self, max_batch_size: int, batch_wait_s: float) -> None:
+    def configure(self, max_batch_size: int, batch_wait_s: float, adaptive_wait: bool = True) -> None:
+        """`adaptive_wait`: an idle loop waits `batch_wait_s` for a batch only while requests arrive
+        closer together than that (a lone request starts at once: rows join a running batch between
+        steps anyway); off, an idle loop always waits (tests that need requests batched together)."""
         with self._cv:
-            self.max_batch_size, self.batch_wait_s = max_batch_size, batch_wait_s
+            self.max_batch_size, self.batch_wait_s, self.adaptive_wait = max_batch_size, batch_wait_s, adaptive_wait
 
     def check(self) -> None:
         """Raise if the loop's thread has died: every request submitted now would wait for ever."""
@@ -139,6 +148,8 @@ class DecodeLoop:
     def submit(self, request: GenerationRequest, sink: Sink) -> Row:
         row = Row(request, sink)
         with self._cv:
+            now = time.monotonic()
+            self._last_gap, self._last_submit = now - self._last_submit, now
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
@@ -207,7 +218,8 @@ class DecodeLoop:
         with self._cv:
             while not running and not self._pending:
                 self._cv.wait()
-            if not running and self.batch_wait_s:  # idle: let a batch fill for a moment
+            arriving = self._last_gap < self.batch_wait_s  # requests come closer together than the wait
+            if not running and self.batch_wait_s and (arriving or not self.adaptive_wait):  # let a batch fill
                 deadline = time.monotonic() + self.batch_wait_s
                 while len(self._pending) < self.max_batch_size and (left := deadline - time.monotonic()) > 0:
                     self._cv.wait(left)
@@ -247,7 +259,7 @@ class DecodeLoop:
         if fresh is None:
             return state, rows
         for row, p in zip(admitted, prepared):
-            row.prompt_tokens = p.prompt_tokens
+            row.prompt_tokens, row.cached_tokens = p.prompt_tokens, p.cached_tokens
         return (self.engine.join(state, fresh) if state is not None else fresh), rows + admitted
 
     def _prefill_rows(self, admitted: list[Row], prepared: list[Prepared]):
@@ -355,7 +367,8 @@ class DecodeLoop:
         started = row.started or now
         out = GenerationOutput(
             text=row.text, token_ids=row.ids, token_texts=row.texts, logprobs=row.logprobs,
-            prompt_tokens=row.prompt_tokens, completion_tokens=len(row.ids), finish_reason=reason,
+            prompt_tokens=row.prompt_tokens, cached_tokens=row.cached_tokens, completion_tokens=len(row.ids),
+            finish_reason=reason,
             latency_ms=(now - row.submitted) * 1000, ttft_ms=((row.first_token or now) - row.submitted) * 1000,
             batch_size=row.batch_size, decode_steps=row.steps, decode_ms=(now - started) * 1000,
             queue_ms=(started - row.submitted) * 1000)
@@ -377,6 +390,7 @@ class LoopEngine(GenerationEngine):
     (`StepEngine`): the fake and the transformers engines. Subclasses set `self.loop`."""
 
     loop: DecodeLoop
+    prefix: PrefixStore | None = None  # an engine that keeps prompt heads for follow-up stages
 
     def generate(self, batch: list[GenerationRequest]) -> list[GenerationOutput]:
         return self.loop.generate(batch)
@@ -384,14 +398,18 @@ class LoopEngine(GenerationEngine):
     def stream(self, request: GenerationRequest) -> AsyncIterator[TokenDelta | GenerationOutput]:
         return self.loop.stream(request)
 
-    def configure(self, max_batch_size: int, batch_wait_s: float) -> None:
-        self.loop.configure(max_batch_size, batch_wait_s)
+    def configure(self, max_batch_size: int, batch_wait_s: float, *, adaptive_wait: bool = True,
+                  prefix_cache_bytes: int = 0) -> None:
+        self.loop.configure(max_batch_size, batch_wait_s, adaptive_wait)
+        if self.prefix is not None:
+            self.prefix.configure(prefix_cache_bytes)
 
     def check_alive(self) -> None:
         self.loop.check()
 
     def stats(self) -> EngineStats:
-        return EngineStats(prefill_sizes=list(self.loop.prefill_sizes), cancelled=self.loop.cancelled)
+        return EngineStats(prefill_sizes=list(self.loop.prefill_sizes), cancelled=self.loop.cancelled,
+                           prefix_cache=self.prefix.stats() if self.prefix is not None else {})
 
     def decoded_tokens(self, request_id: str) -> int:
         return self.loop.decoded.get(request_id, 0)

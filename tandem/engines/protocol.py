@@ -36,6 +36,7 @@ class EngineStats:
 
     prefill_sizes: list[int] = field(default_factory=list)
     cancelled: int = 0
+    prefix_cache: dict = field(default_factory=dict)  # bytes, entries, hits and hit rate, where kept
 
 
 class GenerationEngine(ABC):
@@ -64,9 +65,11 @@ class GenerationEngine(ABC):
         """Blocking: one output per request, in order. Requests may differ in sampling parameters."""
 
     @abstractmethod
-    def configure(self, max_batch_size: int, batch_wait_s: float) -> None:
-        """Run-time batching knobs (a model server's `user_config`); an engine that schedules its own
-        batches (vLLM) documents that it ignores them."""
+    def configure(self, max_batch_size: int, batch_wait_s: float, *, adaptive_wait: bool = True,
+                  prefix_cache_bytes: int = 0) -> None:
+        """Run-time knobs (a model server's `user_config`): batching, and the bytes of prompt KV kept
+        for a request's next stage. An engine that schedules its own batches and caches its own
+        prefixes (vLLM) documents that it ignores them."""
 
     @abstractmethod
     def stats(self) -> EngineStats:

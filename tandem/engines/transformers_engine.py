@@ -24,6 +24,7 @@ from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
 from tandem.engines.generation import GREEDY_BELOW, expand_placeholders, model_sampling, stop_token_ids
 from tandem.engines.decoding import DecodeLoop, LoopEngine, Prepared
+from tandem.engines.prefix_cache import PrefixEntry, PrefixStore
 from tandem.engines.protocol import VisionEngine
 from tandem.errors import BadRequest
 from tandem.images import decode_image
@@ -143,6 +144,7 @@ class TransformersEngine(LoopEngine, VisionEngine):
         self.merge_size = self.processor.image_processor.merge_size
         self.stop_token_ids = stop_token_ids(self.model.generation_config, self.tokenizer)
         self.reasoning_sampling = model_sampling(self.model.generation_config)
+        self.prefix = PrefixStore()  # off until `configure` gives it bytes
         self.loop = DecodeLoop(self, name=f"decode-{name}")
 
     def warm_up(self) -> None:
@@ -193,7 +195,8 @@ class TransformersEngine(LoopEngine, VisionEngine):
         if len(ids) > self.max_prompt_tokens:
             raise BadRequest(f"prompt is {len(ids)} tokens for model '{self.name}'; the limit is "
                              f"{self.max_prompt_tokens}", param="messages")
-        return Prepared(len(ids), ids)
+        entry, reused = self.prefix.match(request.request_id, ids)
+        return Prepared(len(ids), (ids, entry), cached_tokens=reused)
 
     def _expand_placeholders(self, request: GenerationRequest) -> str:
         return expand_placeholders(request, self.name)
@@ -234,18 +237,64 @@ class TransformersEngine(LoopEngine, VisionEngine):
 
     @torch.inference_mode()
     def prefill(self, requests: list[GenerationRequest], prepared: list[Prepared]) -> _Batch:
+        """The rows' prompts through the model: those without a reusable head together (left-padded),
+        each with one from the KV of its head (`_prefill_on_head`), the batch in the rows' order.
+        Every row's prompt KV is kept for its request's next stage (`self.prefix`)."""
+        fresh = [i for i, p in enumerate(prepared) if p.data[1] is None]
+        parts = [self._prefill_fresh([requests[i] for i in fresh], [prepared[i] for i in fresh])] if fresh else []
+        reused = [i for i, p in enumerate(prepared) if p.data[1] is not None]
+        parts += [self._prefill_on_head(requests[i], prepared[i]) for i in reused]
+        state = parts[0]
+        for part in parts[1:]:
+            state = self.join(state, part)
+        order = fresh + reused
+        if order != sorted(order):
+            state = self.keep(state, sorted(range(len(order)), key=order.__getitem__))
+        return state
+
+    def _prefill_fresh(self, requests: list[GenerationRequest], prepared: list[Prepared]) -> _Batch:
         """Left-padded prompts through the model once; 3D rotary positions computed here, per row, so
         rows prefilled apart can decode together (the model's own `rope_deltas` is one per call)."""
-        prepared = [p.data for p in prepared]
-        width = max(map(len, prepared))
+        rows = [p.data[0] for p in prepared]
+        width = max(map(len, rows))
         pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prepared], device=self.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prepared], device=self.device)
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
         feats = [f for r in requests for f in r.images]
         positions = self._positions(ids, mask, feats)
         cache = DynamicCache(config=self.model.config.get_text_config())
         out = self._decode(ids, mask, positions, cache, feats)
+        for i, (request, row) in enumerate(zip(requests, rows)):
+            self._keep_head(request, row, cache, i, positions[:, i, width - len(row):])
         return _Batch(cache=cache, mask=mask, next_pos=positions[:, :, -1].max(0).values + 1, logits=self._logits(out))
+
+    def _prefill_on_head(self, request: GenerationRequest, prepared: Prepared) -> _Batch:
+        """One row whose first `cached_tokens` tokens' KV is its request's kept head: only the suffix
+        is computed, its rotary positions continuing from the head's (the suffix is text: the head
+        covers every image token)."""
+        ids, entry = prepared.data
+        n = prepared.cached_tokens
+        cache = DynamicCache(config=self.model.config.get_text_config())
+        for layer, (k, v) in enumerate(zip(entry.keys, entry.values)):
+            cache.update(k[:, :, :n].to(self.device), v[:, :, :n].to(self.device), layer)
+        start = int(entry.positions[:, :n].max()) + 1
+        suffix = torch.arange(start, start + len(ids) - n, device=self.device)
+        positions = suffix.view(1, 1, -1).expand(3, 1, -1)
+        mask = torch.ones(1, len(ids), dtype=torch.long, device=self.device)
+        out = self._decode(torch.tensor([ids[n:]], device=self.device), mask, positions, cache)
+        self._keep_head(request, ids, cache, 0, torch.cat([entry.positions[:, :n].to(self.device), positions[:, 0]], 1))
+        return _Batch(cache=cache, mask=mask, next_pos=suffix[-1:] + 1, logits=self._logits(out))
+
+    def _keep_head(self, request: GenerationRequest, ids: list[int], cache, row: int, positions) -> None:
+        """Keep a row's prompt KV (its padding stripped) for its request's next stage."""
+        if not (request.request_id and self.prefix.max_bytes):
+            return
+        n = len(ids)
+        images = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        self.prefix.put(request.request_id, PrefixEntry(
+            ids=list(ids), keys=[layer.keys[row:row + 1, :, -n:].clone() for layer in cache.layers],
+            values=[layer.values[row:row + 1, :, -n:].clone() for layer in cache.layers],
+            positions=positions.clone(), images_end=images[-1] + 1 if images else 0))
 
     def join(self, a: _Batch, b: _Batch) -> _Batch:
         """One batch of both: the shorter one left-padded (keys, values and mask) to the longer."""

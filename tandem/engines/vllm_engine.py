@@ -144,8 +144,10 @@ class VllmEngine(GenerationEngine):
         self.check_alive()
         self._call(self._llm.check_health(), timeout=30)
 
-    def configure(self, max_batch_size: int, batch_wait_s: float) -> None:
-        """Nothing to tune at run time: vLLM admits requests every step, up to `vllm.max_num_seqs`."""
+    def configure(self, max_batch_size: int, batch_wait_s: float, *, adaptive_wait: bool = True,
+                  prefix_cache_bytes: int = 0) -> None:
+        """Nothing to tune at run time: vLLM admits requests every step, up to `vllm.max_num_seqs`, and
+        caches prompt prefixes in its own KV blocks (`vllm.enable_prefix_caching`)."""
 
     def stats(self) -> EngineStats:
         return EngineStats(prefill_sizes=list(self.counters.prefill_sizes), cancelled=self.counters.cancelled)

@@ -22,7 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_BATCH = {"max_batch_size": 8, "batch_wait_timeout_s": 0.05}
-FORCED_BATCH = {"max_batch_size": 8, "batch_wait_timeout_s": 0.5}
+FORCED_BATCH = {"max_batch_size": 8, "batch_wait_timeout_s": 0.5, "batch_wait_mode": "always"}
 API_KEY = "test-key-1"
 ENGINE = os.environ.get("TANDEM_TEST_ENGINE", "transformers")
 # serve_config.vllm-cpu.yaml's engine arguments.

@@ -149,7 +149,7 @@ async def test_a_client_error_from_the_small_model_is_a_400_not_a_degraded_200(u
     """Class 4: the small model's prompt is over the limit and the large model's fits: the client's
     fault, so a 400 (it used to be answered 200 'degraded' with a traceback in the trace)."""
     tight = f"{url}/tight"
-    innocent = [_body(f"hi {i}", model="tandem:mutual") for i in range(3)]
+    innocent = [_body(f"hi {i}") for i in range(3)]  # tandem:large: its direct prompts fit the tight limit
     r = await _alone_then_together(tight, _body(LONG_QUESTION, model="tandem:mutual"), innocent)
     assert r.status_code == 400, r.text[:300]
     assert "limit" in r.json()["error"]["message"]
