@@ -43,6 +43,7 @@ class ModelServer:
         self.engine = make_engine(config, self.role, vision=False)
         self.engine.warm_up()
         self.batching = BatchingConfig()
+        self.replica = _replica_name()
         self.prefix_bytes = Gauge("tandem_prefix_cache_bytes", "Bytes of prompt KV kept for requests' next stages.",
                                   ("role",))
         self.prefix_hit_rate = Gauge("tandem_prefix_cache_hit_rate", "Share of follow-up stages that reused their "
@@ -67,6 +68,8 @@ class ModelServer:
         events = self.engine.stream(request)
         try:
             async for event in events:
+                if isinstance(event, GenerationOutput):
+                    event.replica = self.replica
                 yield event
         finally:  # cancelled or closed early: the row leaves the batch
             await events.aclose()
@@ -97,3 +100,14 @@ class ModelServer:
     def decoded_tokens(self, request_id: str) -> int:
         """Decoding steps this replica ran for a request (every stage of it): what cancellation saves."""
         return self.engine.decoded_tokens(request_id)
+
+
+def _replica_name() -> str:
+    """This replica's unique id under Serve (the trace shows which replica ran each stage); the pid
+    outside Serve."""
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # not inside a Serve replica (unit tests, in-process use)
+        return f"pid-{os.getpid()}"

@@ -6,6 +6,8 @@ Parses arguments and prints; the work is done by the core modules it calls.
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib.util
 import json
 import sys
 import time
@@ -84,6 +86,8 @@ def _cmd_validate_config(args) -> int:
             if dep.get("name") not in DEPLOYMENT_NAMES:
                 problems.append(f"application '{name}': unknown deployment '{dep.get('name')}'; "
                                 f"known: {', '.join(DEPLOYMENT_NAMES)}")
+            if problem := _router_class_problem((dep.get("request_router_config") or {}).get("request_router_class")):
+                problems.append(f"application '{name}': deployment '{dep.get('name')}': {problem}")
         router = next((d for d in app.get("deployments") or [] if d.get("name") == "Router"), {})
         ongoing, limit = router.get("max_ongoing_requests", ROUTER_MAX_ONGOING), config and config.http.max_in_flight
         if limit and ongoing <= limit:
@@ -98,6 +102,25 @@ def _cmd_validate_config(args) -> int:
     if not problems:
         print(f"{args.file}: {len(apps)} application(s) valid")
     return 2 if problems else 0
+
+
+def _router_class_problem(path: str | None) -> str | None:
+    """Whether a deployment's request router class (`module:Class` or `module.Class`) is there: its
+    module found and the class defined in it, read without importing it (it imports Ray)."""
+    if not path or path.startswith("ray."):
+        return None  # Serve's own routers: importing Ray to look would load all of it
+    module, _, cls = path.rpartition(":") if ":" in path else path.rpartition(".")
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return f"request router module '{module}' not found"
+    if spec.origin.endswith(".py"):
+        tree = ast.parse(Path(spec.origin).read_text())
+        if not any(isinstance(n, ast.ClassDef) and n.name == cls for n in tree.body):
+            return f"request router class '{cls}' is not defined in {module}"
+    return None
 
 
 def _queue_problems(config, deployments: list[dict]) -> list[str]:

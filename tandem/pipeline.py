@@ -248,6 +248,7 @@ class _Run:
                               "decode_steps": out.decode_steps,
                               "decode_ms": round(out.decode_ms, 3), "ttft_ms": round(out.ttft_ms, 3),
                               "queue_ms": round(out.queue_ms, 3), "batch_size": out.batch_size,
+                              **({"replica": out.replica} if out.replica else {}),
                               # time per output token after the first (the engine's own clock)
                               "tpot_ms": round((out.latency_ms - out.ttft_ms) / (out.decode_steps - 1), 3)
                               if out.decode_steps > 1 else None}

@@ -74,7 +74,8 @@ class GenerationOutput:
     decode_steps: int = 0  # steps this request was decoded for (its own, not its batch's)
     decode_ms: float = 0.0  # from its prefill to its last token
     queue_ms: float = 0.0  # waiting to join a batch
-    cached_tokens: int = 0  # prompt tokens whose KV came from the engine's prefix cache (vLLM)
+    cached_tokens: int = 0  # prompt tokens whose KV came from the engine's prefix cache
+    replica: str = ""  # the model server replica that ran it (set by the deployment)
     span_token_texts: list[str] = field(default_factory=list)  # the `attend_to` segment, tokenised
     span_scores: list[float] = field(default_factory=list)  # attention paid to each of those tokens
 

@@ -116,3 +116,13 @@ def test_a_model_queue_that_cannot_hold_what_the_router_admits_is_refused(tmp_pa
     unlimited.write_text((ROOT / "serve_config.yaml").read_text().replace("max_in_flight: 24", "max_in_flight: null")
                          .replace(vision, vision.replace("max_queued_requests: 64", "max_queued_requests: 32")))
     assert run(unlimited).returncode == 0
+
+
+def test_a_request_router_class_that_does_not_import_is_refused(tmp_path):
+    """The model pools route a request's stages to one replica through a RequestRouter class that Serve
+    imports at deploy time; a wrong path must fail here, not in a replica's start."""
+    wrong_class = run_edited(tmp_path, "serve_config.yaml", "affinity_router:StageAffinityRouter",
+                             "affinity_router:NoSuchRouter")
+    assert wrong_class.returncode == 2 and "'NoSuchRouter' is not defined" in wrong_class.stderr
+    wrong_module = run_edited(tmp_path, "serve_config.yaml", "deployments.affinity_router:", "deployments.nowhere:")
+    assert wrong_module.returncode == 2 and "'deployments.nowhere' not found" in wrong_module.stderr
