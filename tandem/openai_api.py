@@ -225,7 +225,7 @@ def _load_image(url: str, where: str, http: HttpConfig, bounds: list[tuple[int, 
 
 def usage(result: TandemResult) -> dict:
     """OpenAI's usage: completion tokens of every stage, those of reasoning stages among them, and the
-    prompt tokens an engine's prefix cache served (vLLM's; the transformers engine reuses none)."""
+    prompt tokens served from a kept prompt head (the transformers engine's prefix store, vLLM's cache)."""
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
             "total_tokens": result.prompt_tokens + result.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
