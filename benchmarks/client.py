@@ -179,12 +179,16 @@ class LocalApps:
     """serve_config.yaml's app at `/`, started with `serve run` in its own session as a user
     would; with bare=True also a model-free twin (fake engine, same four deployments and hops) at
     `/bare`, for the bare cost of the Serve composition; with an `engine`, the checkpoints of
-    serve_config.vllm-cpu.yaml on that engine (vllm: that config as it is). A context manager: stops
-    what it started."""
+    serve_config.vllm-cpu.yaml on that engine (vllm: that config as it is). `edit` changes the app's
+    config (a dict, in place) before any twin is copied from it; each of `twins` (name -> edit) adds a
+    copy of the app at `/<name>`, changed by its edit. A context manager: stops what it started."""
 
     def __init__(self, port: int = 8020, bare: bool = False, startup_timeout_s: float = 300, models: str = "trained",
-                 engine: str | None = None):
+                 engine: str | None = None, edit=None, twins: dict | None = None):
         self.port, self.bare, self.timeout, self.models, self.engine = port, bare, startup_timeout_s, models, engine
+        self.edit, self.twins = edit, dict(twins or {})
+        if bare:
+            self.twins["bare"] = lambda app: app["args"].update(engine="fake")
         self.url = f"http://127.0.0.1:{port}"
 
     def __enter__(self) -> "LocalApps":
@@ -207,10 +211,12 @@ class LocalApps:
                 args = config["applications"][0]["args"]
                 args.update(small=vllm["applications"][0]["args"]["small"], large=vllm["applications"][0]["args"]["large"],
                             engine=self.engine)
-        if self.bare:
+        if self.edit:
+            self.edit(config["applications"][0])
+        for name, edit in self.twins.items():
             twin = copy.deepcopy(config["applications"][0])
-            twin.update(name="bare", route_prefix="/bare")
-            twin["args"]["engine"] = "fake"
+            twin.update(name=name, route_prefix=f"/{name}")
+            edit(twin)
             config["applications"].append(twin)
         self._config = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
         yaml.safe_dump(config, self._config)
@@ -222,7 +228,7 @@ class LocalApps:
         serve_cli = str(here) if here.exists() else "serve"
         self._proc = subprocess.Popen([serve_cli, "run", self._config.name], cwd=ROOT, env=env, stdout=self._log,
                                       stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_ready(["/"] + (["/bare/"] if self.bare else []))
+        self._wait_ready(["/"] + [f"/{name}/" for name in self.twins])
         return self
 
     def _wait_ready(self, prefixes: list[str]) -> None:

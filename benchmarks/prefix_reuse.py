@@ -6,7 +6,8 @@ items that transfer, each run with reuse off and on in alternating blocks (the s
 
 Reported, per setting, for the transfer stage: its prompt tokens, the tokens the large model actually
 prefills for it (counted where the decoder is called, not derived) and those served from the kept
-head; its time and the small model's reasoning TTFT (p50); and whether every item's answer is the
+head; its time, its prefill's time (timed around the engine's prefill) and the small model's
+reasoning TTFT (p50); and whether every item's answer is the
 same with reuse on and off. Prints a table, ends with one JSON line.
 """
 
@@ -17,6 +18,7 @@ import json
 import os
 import platform
 import statistics
+import time
 
 from benchmarks.metrics import percentile
 
@@ -25,7 +27,8 @@ BLOCK = 10  # items per alternating block
 
 def counting(engine, prefills: dict) -> None:
     """Record, per engine, the tokens each prefill runs the decoder over (counted where the decoder
-    is called, padding included; decode steps are not prefills)."""
+    is called, padding included; decode steps are not prefills) and each prefill's time (ms, under
+    `<name>_ms`)."""
     real_decode, real_prefill, inside = engine._decode, engine.prefill, [False]
 
     def decode(ids, *args, **kwargs):
@@ -34,11 +37,12 @@ def counting(engine, prefills: dict) -> None:
         return real_decode(ids, *args, **kwargs)
 
     def prefill(*args, **kwargs):
-        inside[0] = True
+        inside[0], start = True, time.perf_counter()
         try:
             return real_prefill(*args, **kwargs)
         finally:
             inside[0] = False
+            prefills.setdefault(f"{engine.name}_ms", []).append((time.perf_counter() - start) * 1000)
     engine._decode, engine.prefill = decode, prefill
 
 
@@ -54,6 +58,7 @@ def run_item(tandem, item, index: int, reuse: bool, counts: dict) -> dict:
             "transfer_prefilled": counts.get("large", [])[-1] if len(counts.get("large", [])) > before else None,
             "transfer_suffix": stage.get("prompt_tokens", 0) - stage.get("cached_tokens", 0),
             "transfer_ms": r.latency_ms.get("large_transfer"),
+            "transfer_prefill_ms": counts["large_ms"][-1] if len(counts.get("large", [])) > before else None,
             "reasoning_ttft_ms": r.stages.get("small_reasoning", {}).get("ttft_ms"),
             "transfer_prompt": stage.get("prompt_tokens")}
 
@@ -82,6 +87,8 @@ def summary(runs: list[dict]) -> dict:
             if transfers else None,
             "cached_tokens_per_transfer": round(statistics.mean(r["cached"] for r in transfers), 1) if transfers else None,
             "transfer_p50_ms": round(percentile([r["transfer_ms"] for r in transfers], 50), 2) if transfers else None,
+            "transfer_prefill_p50_ms": round(percentile([r["transfer_prefill_ms"] for r in transfers], 50), 2)
+            if transfers else None,
             "reasoning_ttft_p50_ms": round(percentile([r["reasoning_ttft_ms"] for r in transfers], 50), 2)
             if transfers else None}
 
@@ -107,10 +114,11 @@ def main(argv=None) -> int:
     same = [a["answer"] for a in runs[False]] == [b["answer"] for b in runs[True]]
     rows = {"off": summary(runs[False]), "on": summary(runs[True])}
     print(f"{'reuse':6} {'transfers':>9} {'prompt':>7} {'prefilled':>9} {'cached':>7} {'transfer p50 ms':>16} "
-          f"{'reasoning TTFT p50 ms':>22}")
+          f"{'its prefill p50 ms':>19} {'reasoning TTFT p50 ms':>22}")
     for name, s in rows.items():
         print(f"{name:6} {s['transfers']:>9} {s['transfer_prompt_tokens']!s:>7} {s['transfer_prefilled_tokens']!s:>9} "
-              f"{s['cached_tokens_per_transfer']!s:>7} {s['transfer_p50_ms']!s:>16} {s['reasoning_ttft_p50_ms']!s:>22}")
+              f"{s['cached_tokens_per_transfer']!s:>7} {s['transfer_p50_ms']!s:>16} {s['transfer_prefill_p50_ms']!s:>19} "
+              f"{s['reasoning_ttft_p50_ms']!s:>22}")
     print(f"every answer the same with reuse on and off: {same}")
     print(json.dumps({"benchmark": "prefix_reuse", "n": n, "same_answers": same, **rows}))
     return 0

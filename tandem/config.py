@@ -171,6 +171,9 @@ class FakeEngineConfig(_Strict):
                                                  "(as on a GPU).")
     answer_words: int = Field(1, gt=0, description="Words of a direct answer.")
     reasoning_words: int = Field(64, gt=0, description="Words of a reasoning.")
+    small_answer: str = Field("A", pattern=r"^[A-Za-z0-9]{1,8}$",
+                              description="The small model's direct answer (the large one answers A): another "
+                                          "word makes the two disagree, so `mutual` transfers.")
 
 
 class TandemConfig(_Strict):

@@ -55,11 +55,19 @@ class Pipeline:
         self.rng = rng or random.Random(config.policy.seed)
         self.clock = clock
         self.estimates = StageEstimates()  # what latency budgets are planned from
+        self.in_flight = 0  # requests being answered now: each stage tells its model server (`company`)
 
     async def answer(self, request: AskRequest, on_delta: DeltaSink | None = None) -> TandemResult:
         policy = request.policy or self.config.policy.default
         if policy not in POLICIES:
             raise NotFound(f"unknown policy '{policy}'; known: {', '.join(POLICY_NAMES)}", param="model")
+        self.in_flight += 1
+        try:
+            return await self._answer(request, policy, on_delta)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer(self, request: AskRequest, policy: str, on_delta: DeltaSink | None) -> TandemResult:
         run = _Run(self, request, policy, on_delta)
         try:
             path, final, decision = await run.spec.run(run, run.param)
@@ -226,7 +234,8 @@ class _Run:
             if start is None:  # the stage's time starts once its features are there
                 start = self.p.clock()
             request = GenerationRequest(prompt=prompt, images=feats, attend_to=attend_to,
-                                        request_id=self.req.request_id, sampling=sampling)
+                                        request_id=self.req.request_id, sampling=sampling,
+                                        company=self.p.in_flight - 1)
             try:
                 out = await self._call(stage, role, getattr(self.p.stages, role)(request, sink))
                 break

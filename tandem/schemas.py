@@ -57,6 +57,9 @@ class GenerationRequest:
     # A segment of the prompt (the small model's reasoning) whose tokens should be scored by the
     # attention the generated answer pays them; for the `attention` selector.
     attend_to: str | None = None
+    # Other requests the sender was answering when it sent this one: more stages may come within a
+    # batch wait, so waiting for them can pay (0: this one is alone; an idle model server starts it at once).
+    company: int = 0
 
 
 @dataclass

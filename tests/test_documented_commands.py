@@ -18,6 +18,7 @@ PY = sys.executable
 # The long runs the docs give, checked to start: their modules import and their flags parse.
 HELP = ["benchmarks.strategies", "benchmarks.calibrate", "benchmarks.budget", "benchmarks.load", "benchmarks.soak",
         "benchmarks.engine_batching", "benchmarks.load_memory", "benchmarks.latency_profile", "benchmarks.prefix_reuse",
+        "benchmarks.served_overhead", "benchmarks.affinity",
         "capacity.stage_profile", "capacity.simulate", "capacity.plan", "capacity.sim_check",
         "training.train", "training.probes.count_probe", "training.probes.copy_probe",
         "training.probes.trace_errors"]

@@ -26,7 +26,8 @@ def _build_engine(config, role: str, *, vision: bool, language: bool):
     if config.engine == "fake":
         from tandem.engines.fake import FakeEngine, default_rule
         fake = config.fake
-        return FakeEngine(role, default_rule(fake.answer_words, fake.reasoning_words), step_s=fake.step_s,
+        answer = fake.small_answer if role == "small" else "A"
+        return FakeEngine(role, default_rule(fake.answer_words, fake.reasoning_words, answer), step_s=fake.step_s,
                           max_prompt_tokens=limit)
     if config.engine == "vllm" and language:
         if vision:

@@ -134,8 +134,9 @@ class DecodeLoop:
 
     def configure(self, max_batch_size: int, batch_wait_s: float, adaptive_wait: bool = True) -> None:
         """`adaptive_wait`: an idle loop waits `batch_wait_s` for a batch only while requests arrive
-        closer together than that (a lone request starts at once: rows join a running batch between
-        steps anyway); off, an idle loop always waits (tests that need requests batched together)."""
+        closer together than that or come with company (`GenerationRequest.company`); a lone request
+        starts at once: rows join a running batch between steps anyway. Off, an idle loop always waits
+        (tests that need requests batched together)."""
         with self._cv:
             self.max_batch_size, self.batch_wait_s, self.adaptive_wait = max_batch_size, batch_wait_s, adaptive_wait
 
@@ -218,7 +219,9 @@ class DecodeLoop:
         with self._cv:
             while not running and not self._pending:
                 self._cv.wait()
-            arriving = self._last_gap < self.batch_wait_s  # requests come closer together than the wait
+            # A batch is worth waiting for while requests come closer together than the wait, or while
+            # the sender says it is answering others (their next stages are on their way).
+            arriving = self._last_gap < self.batch_wait_s or any(r.request.company for r in self._pending)
             if not running and self.batch_wait_s and (arriving or not self.adaptive_wait):  # let a batch fill
                 deadline = time.monotonic() + self.batch_wait_s
                 while len(self._pending) < self.max_batch_size and (left := deadline - time.monotonic()) > 0:

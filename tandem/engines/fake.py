@@ -15,12 +15,12 @@ from tandem.prompts import IMAGE_PAD
 from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, SamplingParams
 
 
-def default_rule(answer_words: int = 1, reasoning_words: int = 64) -> Callable[[str], str]:
-    """Reasoning prompts get a long deterministic thought; others the letter A (then more words)."""
+def default_rule(answer_words: int = 1, reasoning_words: int = 64, answer: str = "A") -> Callable[[str], str]:
+    """Reasoning prompts get a long deterministic thought; others `answer` (then more words)."""
     def rule(prompt: str) -> str:
         if prompt.endswith("<think>\n") or "Think step by step" in prompt.rsplit("<|im_start|>user", 1)[-1]:
             return " ".join(f"step{i}" for i in range(reasoning_words))
-        return " ".join(["A"] + [f"w{i}" for i in range(1, answer_words)])
+        return " ".join([answer] + [f"w{i}" for i in range(1, answer_words)])
     return rule
 
 

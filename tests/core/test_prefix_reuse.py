@@ -4,6 +4,7 @@ reuse on and off), within a byte bound; and an idle decode loop starts a lone re
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -107,3 +108,31 @@ def test_requests_arriving_within_the_wait_are_still_batched():
     loop.generate([GenerationRequest("first", [], SamplingParams(2))])
     loop.generate([GenerationRequest(f"q{i}", [], SamplingParams(2)) for i in range(4)])  # close behind it
     assert max(len(b) for b in engine.batches) >= 2
+
+
+def test_a_lone_stage_waits_for_a_batch_only_when_its_sender_has_company():
+    """The Router says how many other requests it is answering: their stages are on their way, so an
+    idle loop waits for them; a stage sent alone starts at once."""
+    engine = FakeEngine("large", lambda p: "a")
+    loop = DecodeLoop(engine)
+    loop.configure(8, 0.3, True)
+    for company, at_least, at_most in ((0, 0.0, 0.15), (3, 0.3, 5.0)):
+        time.sleep(0.35)  # nothing arrived within the wait: only `company` can make the loop wait
+        start = time.perf_counter()
+        loop.generate([GenerationRequest("q", [], SamplingParams(2), company=company)])
+        assert at_least <= time.perf_counter() - start <= at_most
+
+
+async def test_the_pipeline_tells_each_stage_how_many_other_requests_it_is_answering():
+    from tandem.config import load_tandem_config
+    from tandem.local import local_stages
+    from tandem.pipeline import Pipeline
+    from tandem.schemas import AskRequest
+
+    engines = {role: FakeEngine(role, step_s=0.01) for role in ("small", "large")}
+    pipeline = Pipeline(load_tandem_config({"engine": "fake"}), local_stages(engines))
+    await asyncio.gather(*(pipeline.answer(AskRequest(f"q{i}", [], policy="large")) for i in range(3)))
+    await pipeline.answer(AskRequest("alone", [], policy="large"))
+    seen = [("alone" in r.prompt, r.company) for batch in engines["large"].batches for r in batch]
+    assert [company for alone, company in seen if alone] == [0] and pipeline.in_flight == 0
+    assert [company for alone, company in seen if not alone] == [2, 2, 2]  # each saw the other two
