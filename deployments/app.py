@@ -14,7 +14,8 @@ from deployments.large_answerer import LargeAnswerer
 from deployments.router import Router
 from deployments.small_reasoner import SmallReasoner
 from deployments.vision_encoder import VisionEncoder
-from tandem.config import ROUTER_MAX_ONGOING, TandemConfig, load_tandem_config
+from tandem.config import ROUTER_MAX_ONGOING, TandemConfig, limit_problems, load_tandem_config
+from tandem.deploy_checks import drain_defaults
 
 # Defaults sized for one small CPU machine; serve_config.yaml overrides each.
 _DEFAULT_OPTIONS = {
@@ -32,10 +33,12 @@ def bind_app(config: TandemConfig, options: dict[str, dict] | None = None) -> Ap
     Serve keys the code version on the import path, args and runtime env, not on user_config.
     """
     options = options or {}
+    drains = drain_defaults(config)
 
     def deployment(cls):
         name = cls.__name__
-        opts = {**_DEFAULT_OPTIONS[name], **options.get(name, {})}
+        # A replica being stopped finishes its longest call first (a config file may set more).
+        opts = {**_DEFAULT_OPTIONS[name], "graceful_shutdown_timeout_s": drains[name], **options.get(name, {})}
         return serve.deployment(cls, name=name, **opts)
 
     vision = deployment(VisionEncoder).bind(config)
@@ -45,4 +48,9 @@ def bind_app(config: TandemConfig, options: dict[str, dict] | None = None) -> Ap
 
 
 def build_app(args: dict) -> Application:
-    return bind_app(load_tandem_config(args))
+    """Refuses (before anything is bound) a config whose limits contradict each other, as
+    `tandem validate-config` does: a request every HTTP limit admits must not fail in a model server."""
+    config = load_tandem_config(args)
+    if problems := limit_problems(config):
+        raise ValueError("contradictory limits: " + "; ".join(problems))
+    return bind_app(config)

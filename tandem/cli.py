@@ -17,6 +17,7 @@ import yaml
 
 from tandem.config import (DEPLOYMENT_NAMES, POLICY_NAMES, ROUTER_MAX_ONGOING, calls_at_once, limit_problems,
                            load_tandem_config, queue_to_hold)
+from tandem.deploy_checks import GPU_MEMORY_GIB
 from tandem.errors import TandemError
 from tandem.policies import parse_policy_id
 
@@ -97,11 +98,47 @@ def _cmd_validate_config(args) -> int:
                             f"http.max_in_flight ({limit}): room for health probes and the Router's own fast 503s")
         if limit:
             problems += [f"application '{name}': {p}" for p in _queue_problems(config, app.get("deployments") or [])]
+        if config is not None:
+            problems += [f"application '{name}': {p}" for p in _deployment_problems(config, app, args)]
     for problem in problems:
         print(f"error: {args.file}: {problem}", file=sys.stderr)
     if not problems:
         print(f"{args.file}: {len(apps)} application(s) valid")
     return 2 if problems else 0
+
+
+def _deployment_problems(config, app: dict, args) -> list[str]:
+    """Drain times; with --profile, the stage deadline against the longest reasoning; with --gpu, the
+    memory arithmetic of every GPU deployment (a table on stdout)."""
+    from tandem.deploy_checks import drain_problems, gpu_fit, stage_timeout_problem
+
+    deployments = app.get("deployments") or []
+    problems = drain_problems(config, deployments)
+    if args.profile:
+        steps = _profile_steps(json.loads(Path(args.profile).read_text()), config, deployments)
+        if problem := stage_timeout_problem(config, steps):
+            problems.append(problem)
+    for gpu in args.gpu or []:
+        print(f"{app.get('name', '<unnamed>')} on {gpu}:")
+        for row in gpu_fit(config, deployments, gpu):
+            print(f"  {row['deployment']:<14} num_gpus {row['num_gpus']:<4} needs {row['need_gib']:>6.1f} GiB of "
+                  f"{row['have_gib']:>6.1f}  {'fits' if row['fits'] else 'DOES NOT FIT'}: {row['why']}")
+            if not row["fits"]:
+                problems.append(f"deployment '{row['deployment']}' does not fit {gpu}: {row['why']}")
+    return problems
+
+
+def _profile_steps(profile: dict, config, deployments: list[dict]) -> dict[str, float]:
+    """A decode step (ms) per role from a stage profile, at the batch its deployment runs at most
+    (the profile's nearest batch at or above it, else its largest)."""
+    steps = {}
+    for role, dep_name in (("small", "SmallReasoner"), ("large", "LargeAnswerer")):
+        dep = next((d for d in deployments if d.get("name") == dep_name), {})
+        batch = (config.model(role).vllm.max_num_seqs if config.engine == "vllm"
+                 else (dep.get("user_config") or {}).get("max_batch_size", 8))
+        curve = sorted(profile["generators"][role]["step"], key=lambda p: p["batch"])
+        steps[role] = next((p["ms"] for p in curve if p["batch"] >= batch), curve[-1]["ms"])
+    return steps
 
 
 def _router_class_problem(path: str | None) -> str | None:
@@ -176,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate-config", help="check a serve config's args and deployment names (no Ray)")
     p.add_argument("file")
+    p.add_argument("--gpu", action="append", choices=sorted(GPU_MEMORY_GIB), metavar="TYPE",
+                   help=f"also check each GPU deployment's memory on this GPU ({', '.join(sorted(GPU_MEMORY_GIB))}); "
+                        "repeat for several")
+    p.add_argument("--profile", help="a stage profile (capacity/): the stage deadline must let the longest "
+                                     "reasoning finish at its decode step")
     p.set_defaults(func=_cmd_validate_config)
     return parser
 
