@@ -9,6 +9,7 @@ import argparse
 import ast
 import importlib.util
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -141,6 +142,65 @@ def _profile_steps(profile: dict, config, deployments: list[dict]) -> dict[str, 
     return steps
 
 
+def _cmd_prefetch(args) -> int:
+    """Download, per deployment, exactly the files it reads of each Hub checkpoint, at the config's
+    revisions, into the Hugging Face cache (HF_HOME); with --pin, write each model's commit into the
+    config as its `revision`."""
+    from tandem.checkpoints import resolve_model_ref
+    from tandem.hub import deployment_parts, fetch, is_hub_id
+
+    text = Path(args.file).read_text()
+    pins: dict[str, str] = {}
+    for app in (yaml.safe_load(text) or {}).get("applications") or []:
+        config = load_tandem_config(app.get("args"))
+        names = [d.get("name") for d in app.get("deployments") or []] or list(DEPLOYMENT_NAMES)
+        for name, loads in deployment_parts(config.engine).items():
+            if name not in names:
+                continue
+            for role, part in loads:
+                model = resolve_model_ref(config.model(role).model)
+                if not is_hub_id(model):
+                    print(f"{name}: {role} {model}: local, nothing to fetch")
+                    continue
+                root, files = fetch(model, config.model(role).revision, part)
+                pins[model] = root.name  # a snapshot's folder is named by its commit
+                print(f"{name}: {role} {model}@{root.name} ({part}): {', '.join(files)}")
+    if args.pin:
+        for model, sha in pins.items():
+            text, n = _pin_revision(text, model, sha)
+            if not n:
+                print(f"error: {model}: no `model: {model}` in {args.file} to pin", file=sys.stderr)
+                return 2
+        Path(args.file).write_text(text)
+        print(f"{args.file}: pinned " + ", ".join(f"{m}@{s}" for m, s in pins.items()))
+    return 0
+
+
+def _pin_revision(text: str, model: str, sha: str) -> tuple[str, int]:
+    """`revision: sha` beside every `model: <model>` of a YAML text, in a flow mapping or a block one,
+    replacing a revision already there; the rest of the text (its comments) untouched."""
+    lines, n, out = text.splitlines(keepends=True), 0, []
+    skip_revision_at = None
+    for line in lines:
+        if skip_revision_at is not None and line.startswith(skip_revision_at + "revision:"):
+            skip_revision_at = None
+            continue
+        skip_revision_at = None
+        at = line.find(f"model: {model}")
+        rest = line[at + len(f"model: {model}"):] if at >= 0 else ""
+        if at < 0 or (rest[:1] not in ("", ",", "}", "\n", " ", "#")):
+            out.append(line)
+            continue
+        n += 1
+        if "{" in line[:at]:  # flow: {model: X, revision: Y, ...}
+            out.append(re.sub(rf"model: {re.escape(model)}(,\s*revision: [\w./-]+)?", f"model: {model}, revision: {sha}", line))
+        else:  # block: a key line of its own at the same indent
+            indent = line[:at]
+            out += [line, f"{' ' * len(indent)}revision: {sha}\n"]
+            skip_revision_at = " " * len(indent)
+    return "".join(out), n
+
+
 def _router_class_problem(path: str | None) -> str | None:
     """Whether a deployment's request router class (`module:Class` or `module.Class`) is there: its
     module found and the class defined in it, read without importing it (it imports Ray)."""
@@ -219,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", help="a stage profile (capacity/): the stage deadline must let the longest "
                                      "reasoning finish at its decode step")
     p.set_defaults(func=_cmd_validate_config)
+
+    p = sub.add_parser("prefetch", help="download each deployment's files of the Hub checkpoints a serve config names")
+    p.add_argument("file")
+    p.add_argument("--pin", action="store_true", help="write each model's commit into the config as its revision")
+    p.set_defaults(func=_cmd_prefetch)
     return parser
 
 

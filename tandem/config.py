@@ -56,6 +56,10 @@ class ModelConfig(_Strict):
                                    "trained:large for the pair trained on the grid task (shipped), tiny:small / "
                                    "tiny:large for an offline random-init checkpoint built on first use, or "
                                    "random:qwen3-vl-<2b|4b|8b|32b> for one at a real model's size.")
+    revision: str | None = Field(None, pattern=r"^[\w./-]{1,100}$",
+                                 description="For a Hub id: the commit (SHA) every loader of every replica reads "
+                                             "(`tandem prefetch --pin` writes the current one); none: the cached "
+                                             "snapshot of main.")
     reasoning_format: Literal["think_tags", "prompted"] = Field(
         "think_tags", description="How the model reasons: inside <think>...</think> (Thinking variants) or "
                                   "when asked to in the prompt (Instruct variants).")

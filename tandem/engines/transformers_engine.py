@@ -22,6 +22,7 @@ from transformers import AutoModelForImageTextToText, DynamicCache
 
 from tandem.checkpoints import resolve_model_ref
 from tandem.config import ModelConfig
+from tandem.hub import local_checkpoint
 from tandem.engines.generation import GREEDY_BELOW, expand_placeholders, model_sampling, stop_token_ids
 from tandem.engines.decoding import DecodeLoop, LoopEngine, Prepared
 from tandem.engines.prefix_cache import PrefixEntry, PrefixStore
@@ -131,7 +132,8 @@ class TransformersEngine(LoopEngine, VisionEngine):
     def __init__(self, config: ModelConfig, *, name: str, vision: bool = True, language: bool = True,
                  max_prompt_tokens: int = 4096):
         self.config, self.name, self.max_prompt_tokens = config, name, max_prompt_tokens
-        path = resolve_model_ref(config.model)
+        part = "all" if vision and language else "vision" if vision else "decoder"
+        path = local_checkpoint(resolve_model_ref(config.model), config.revision, part)
         self.processor = load_processor(path, trust_remote_code=config.trust_remote_code)
         self.tokenizer = self.processor.tokenizer
         model = load_parts(path, config, vision=vision, language=language, **device_placement(config.device))

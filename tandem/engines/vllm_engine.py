@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Callable
 import torch
 
 from tandem.checkpoints import resolve_model_ref
+from tandem.hub import local_checkpoint
 from tandem.config import ModelConfig
 from tandem.engines.generation import (GREEDY_BELOW, expand_placeholders, model_sampling, queued_events, stop_token_ids,
                                       token_pieces)
@@ -87,7 +88,7 @@ class VllmEngine(GenerationEngine):
 
         self.config, self.name, self.max_prompt_tokens = config, name, max_prompt_tokens
         self.max_images = max_images
-        self.path = resolve_model_ref(config.model)
+        self.path = local_checkpoint(resolve_model_ref(config.model), config.revision, "all")
         self.tokenizer = load_processor(self.path, trust_remote_code=config.trust_remote_code).tokenizer
         options = config.vllm
         if current_platform.is_cpu():

@@ -143,3 +143,19 @@ def test_the_launcher_runs_the_built_image_and_sends_no_local_state():
     for name, node in launcher["available_node_types"].items():
         disks = node["node_config"].get("BlockDeviceMappings") or []
         assert disks and disks[0]["Ebs"]["VolumeSize"] >= 100, name
+
+
+def test_the_prefetch_job_fills_the_cache_the_replicas_read_offline():
+    job = yaml.safe_load((ROOT / "cluster/prefetch-job.yaml").read_text())["spec"]["template"]["spec"]
+    container = job["containers"][0]
+    command = " ".join(container["command"])
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    for config in MANIFESTS.values():
+        assert f"tandem prefetch {config}" in command
+        assert app_of(config)["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
+        assert f" {config}" in (ROOT / "cluster/Dockerfile").read_text()  # in the image the job runs
+    pod = pods("cluster/kuberay-rayservice.yaml")["head"]
+    claim = next(v for v in pod["volumes"] if v["name"] == "hf-cache")["persistentVolumeClaim"]["claimName"]
+    assert next(v for v in job["volumes"] if v["name"] == "hf-cache")["persistentVolumeClaim"]["claimName"] == claim
+    assert env["HF_HOME"] == next(e["value"] for e in pod["containers"][0]["env"] if e["name"] == "HF_HOME")
+    assert container["image"] == pod["containers"][0]["image"]
