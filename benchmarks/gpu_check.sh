@@ -32,6 +32,11 @@ timeout 240 python -m benchmarks.strategies --config "$out/strategies.yaml" --n 
 timeout 150 python -m capacity.stage_profile --config "$out/strategies.yaml" --quick --threads 0 \
   --out "$out/stage_profile.json" 2>&1 | tee "$out/stage_profile.log"
 
+# The shipped GPU config against that profile: does its stage deadline let the longest reasoning finish
+# at the decode step measured here, and its memory arithmetic on an H100 (the nearest table entry).
+python -m tandem.cli validate-config serve_config.gpu.yaml --profile "$out/stage_profile.json" --gpu H100 \
+  2>&1 | tee "$out/validate_config.log" || true
+
 # Both engines on the real-size 8B, LargeAnswerer alone, 1 vs 16 concurrent calls (README, "vLLM
 # engine"). Needs vLLM installed beside Tandem; the lent H200s have none, and its wheel is too large
 # to carry there, so this part is skipped where `import vllm` fails.

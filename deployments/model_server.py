@@ -9,6 +9,7 @@ row out of the batch at the next step."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from typing import AsyncIterator, Literal
 
@@ -21,6 +22,8 @@ from tandem.engines import make_engine
 from tandem.engines.decoding import collect
 from tandem.errors import FeaturesLost
 from tandem.schemas import GenerationOutput, GenerationRequest, TokenDelta
+
+logger = logging.getLogger(__name__)
 
 
 class BatchingConfig(BaseModel):
@@ -49,6 +52,15 @@ class ModelServer:
         self.prefix_hit_rate = Gauge("tandem_prefix_cache_hit_rate", "Share of follow-up stages that reused their "
                                      "request's kept prompt head.", ("role",))
         self.reconfigure({})
+
+    def __del__(self):
+        """Serve calls this as it stops the replica (after its drain): vLLM's engine processes go with it."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            try:
+                engine.shutdown()
+            except Exception:  # stopping anyway: a failed shutdown must not keep the replica
+                logger.exception("%s: engine shutdown failed", self.role)
 
     def reconfigure(self, user_config: dict) -> None:
         self.batching = BatchingConfig.model_validate(user_config or {})

@@ -75,6 +75,10 @@ class GenerationEngine(ABC):
     def stats(self) -> EngineStats:
         """Counters since start (bounded: the most recent admissions only)."""
 
+    def shutdown(self) -> None:
+        """Release what the engine holds outside its replica's process (vLLM's engine processes and
+        their GPU memory), when the replica stops. Nothing by default: threads end with the process."""
+
     @abstractmethod
     def decoded_tokens(self, request_id: str) -> int:
         """Decoding steps run for a request id (every stage of it; 0 if unknown or forgotten)."""

@@ -18,6 +18,7 @@ import collections
 import dataclasses
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -38,6 +39,15 @@ from tandem.schemas import GenerationOutput, GenerationRequest, ImageFeatures, S
 
 logger = logging.getLogger(__name__)
 _KEEP_COUNTS = 4096  # decoded-token counts kept for the most recent requests (stats)
+
+
+def mm_limits(config: ModelConfig, max_images: int) -> dict:
+    """vLLM's per-prompt limits: images arrive as embeddings only, never video, a URL or a file; and
+    the memory profile sizes the vision side for the largest image Tandem sends (`max_pixels`, a
+    square), not the checkpoint's largest (16,384 tokens for Qwen3-VL). The tower itself stays
+    loaded: without it vLLM's Qwen3-VL drops the DeepStack levels of the embeddings it is given."""
+    side = max(32, int(math.isqrt(config.max_pixels)) // 32 * 32)
+    return {"image": {"count": max(1, max_images), "width": side, "height": side}, "video": 0}
 
 
 def image_embeds(features: list[ImageFeatures]) -> dict:
@@ -123,8 +133,7 @@ class VllmEngine(GenerationEngine):
             # Embeddings in: vLLM trusts their shapes, and they only ever come from Tandem's own
             # VisionEncoder (a client sends images, which the Router validates), never from a client.
             enforce_eager=options.enforce_eager, enable_mm_embeds=True,
-            # Images arrive as embeddings only: no video, and never a URL or a file path.
-            limit_mm_per_prompt={"image": max(1, self.max_images), "video": 0}, allowed_local_media_path="",
+            limit_mm_per_prompt=mm_limits(self.config, self.max_images), allowed_local_media_path="",
             disable_log_stats=False)
         return AsyncLLM.from_engine_args(args, stat_loggers=[_prefill_recorder(self.counters.prefill_sizes)])
 

@@ -171,3 +171,15 @@ def test_in_process_tandem_on_vllm_answers_with_the_towers_on_transformers(png):
     finally:
         for engine in tandem.engines.values():
             engine.decoder.shutdown()
+
+
+def test_shutdown_ends_vllms_engine_processes():
+    """What a model server's replica does as Serve stops it: vLLM's engine core process goes too."""
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    engine = VllmEngine(ModelConfig(model="tiny:large", vllm=CPU_OPTIONS), name="large", max_prompt_tokens=512)
+    started = {p.pid for p in multiprocessing.active_children()} - before
+    engine.shutdown()
+    left = {p.pid for p in multiprocessing.active_children()} & started
+    assert not left and not engine._thread.is_alive()
