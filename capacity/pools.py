@@ -26,19 +26,28 @@ class Request:
 
 class Job:
     """One call in a pool: the unit that is queued, batched and completed."""
-    __slots__ = ("request", "call", "submitted", "left", "replica")
+    __slots__ = ("request", "call", "submitted", "left", "replica", "company")
 
-    def __init__(self, request: Request, call: Call, now: float):
+    def __init__(self, request: Request, call: Call, now: float, company: int = 0):
         self.request, self.call, self.submitted, self.left, self.replica = request, call, now, call.steps, None
+        self.company = company  # other requests in flight when it was sent (the app's GenerationRequest.company)
 
 
 class Replica:
-    __slots__ = ("pool", "index", "ongoing", "queue", "wake", "full", "compute_s")
+    __slots__ = ("pool", "index", "ongoing", "queue", "wake", "full", "compute_s", "last_job", "last_gap")
 
     def __init__(self, pool: Pool, index: int):
         self.pool, self.index = pool, index
         self.ongoing, self.queue, self.wake, self.full = 0, deque(), None, None
         self.compute_s = 0.0
+        self.last_job, self.last_gap = -math.inf, math.inf  # when its last job came, and the gap before it
+
+    def worth_waiting(self, wait_s: float, vision: bool = False) -> bool:
+        """The app's adaptive wait: an idle replica waits for a batch while jobs come closer together
+        than the wait, or (a model server) while the job's sender has other requests in flight."""
+        if self.pool.settings.batch_wait_mode == "always" or self.last_gap < wait_s:
+            return True
+        return not vision and any(job.company for job in self.queue)
 
 
 class Pool:

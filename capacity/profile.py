@@ -225,6 +225,7 @@ class PoolSettings:
     max_queued: int = -1          # per calling replica; -1: unbounded (Serve's default)
     max_batch_size: int = 8
     batch_wait_s: float = 0.01
+    batch_wait_mode: str = "adaptive"  # or "always": as the deployments' user_config says
     gpus_per_replica: float = 0.0
     admit: int | None = None      # Router: the app's http.max_in_flight, requests a replica answers at once
 
@@ -244,6 +245,7 @@ def settings_from_config(path: str | Path) -> dict[str, PoolSettings]:
                                  max_batch_size=int(user.get("max_batch_size", 8)),
                                  batch_wait_s=float(user.get("batch_wait_timeout_s", 0.01 if name != "VisionEncoder"
                                                                                      else 0.005)),
+                                 batch_wait_mode=str(user.get("batch_wait_mode", "adaptive")),
                                  gpus_per_replica=float((d.get("ray_actor_options") or {}).get("num_gpus", 0)),
                                  admit=int(admit) if name == "Router" and admit else None)
     return out

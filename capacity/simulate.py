@@ -159,6 +159,7 @@ class Simulation:
     def on_assigned(self, pool: Pool, job, replica: Replica) -> None:
         queue = replica.queue
         queue.append(job)
+        replica.last_gap, replica.last_job = self.env.now - replica.last_job, self.env.now
         if pool.is_router:  # job is the request itself: the Router's CPU, one request at a time
             if len(queue) == 1:
                 self._route(replica)
@@ -201,7 +202,7 @@ class Simulation:
     def _submit(self, req: Request, call: Call, pool: Pool) -> bool:
         if req.failed:
             return False
-        if not pool.submit(Job(req, call, self.env.now)):
+        if not pool.submit(Job(req, call, self.env.now, self.in_flight - 1)):
             self._finish(req, rejected=True)
             return False
         return True
@@ -302,7 +303,8 @@ class Simulation:
         while True:
             while not queue:
                 yield self._idle(rep)
-            waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size)
+            waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size) if rep.worth_waiting(s.batch_wait_s, True) \
+                else None
             if waiting is not None:
                 yield waiting
                 rep.full = None
@@ -335,7 +337,7 @@ class Simulation:
         while True:
             while not running and not queue:
                 yield self._idle(rep)
-            if not running and wait_s:
+            if not running and wait_s and rep.worth_waiting(wait_s):
                 waiting = self._fill(rep, wait_s, max_batch)
                 if waiting is not None:
                     yield waiting

@@ -63,3 +63,14 @@ def run_on_cores(sim, starts: list[tuple[float, float, str]], until: float = 60.
         sim.env.process(at(i, start, work, cls))
     sim.env.run(until=until)
     return ends
+
+
+def saved_run_settings() -> dict[str, PoolSettings]:
+    """serve_config.yaml's pool settings as the saved run's app had them: every idle replica waited its
+    whole batch window (`batch_wait_mode: always`)."""
+    from capacity.profile import ROOT, settings_from_config
+
+    out = settings_from_config(ROOT / "serve_config.yaml")
+    for s in out.values():
+        s.batch_wait_mode = "always"
+    return out

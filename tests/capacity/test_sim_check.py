@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from capacity.profile import (ROOT, Call, Profile, Workload, settings_from_config)
-from tests.capacity.helpers import profile, profile_dict, saved_run
+from capacity.profile import ROOT, Call, Profile, Workload
+from tests.capacity.helpers import profile, profile_dict, saved_run, saved_run_settings
 
 
 def test_the_open_loop_check_counts_requests_that_end_after_sending_stops():
@@ -107,7 +107,7 @@ def test_the_check_simulates_each_load_on_the_cores_the_hypervisor_left_it():
     profile, c16 = saved_run(16)
     quiet, stolen = copy.deepcopy(c16), copy.deepcopy(c16)
     quiet["measured"]["steal"], stolen["measured"]["steal"] = 0.0, 0.3
-    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    cfg = saved_run_settings()
     rows = compare(profile, [quiet, stolen], cfg, 20.0, 2, 0.25)
     assert [r["host_cores"] for r in rows] == [2, 1.4]
     assert rows[1]["simulated"]["throughput_rps"] < rows[0]["simulated"]["throughput_rps"] * 0.85
@@ -137,7 +137,7 @@ def test_the_app_shares_the_cores_its_profile_found_ray_did_not_keep_busy():
     busy["cpu_ms_per_request_busy"]["others_cores"] = 0.6
     assert Profile.from_dict(busy).others_cores == 0.6 and Profile.from_dict(bare).others_cores == 0.0
     c16["measured"]["steal"] = 0.0
-    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    cfg = saved_run_settings()
     [alone] = compare(bare, [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
     [shared] = compare(busy, [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
     assert (alone["app_cores"], shared["app_cores"]) == (2, 1.4)
@@ -220,7 +220,7 @@ def test_the_check_simulates_each_load_at_the_speed_its_canary_measured():
     from capacity.sim_check import compare
 
     prof, c16 = saved_run(16)
-    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    cfg = saved_run_settings()
     [before] = compare(copy.deepcopy(prof), [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
     prof["source"]["canary_ms"] = 5.0
     slow = copy.deepcopy(c16)
@@ -241,7 +241,7 @@ def test_the_check_runs_the_app_at_the_canarys_slowdown_to_the_power_of_its_elas
     from capacity.sim_check import compare
 
     prof, c16 = saved_run(16)
-    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    cfg = saved_run_settings()
     prof["source"]["canary_ms"] = 5.0
 
     def at(ms: float, **kw) -> dict:
@@ -279,7 +279,7 @@ def test_the_check_runs_the_model_loops_at_the_model_units_speed_when_asked():
     from capacity.sim_check import compare
 
     prof, c16 = saved_run(16)
-    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    cfg = saved_run_settings()
     prof["source"].update(canary_ms=5.0, canary_torch_ms=8.0)
     c16["measured"].update(canary_ms=5.0, canary_ms_windows=[5.0] * 10,
                            canary_torch_ms=16.0, canary_torch_ms_windows=[16.0] * 10)
@@ -304,7 +304,7 @@ def test_the_check_also_runs_each_load_at_the_speed_its_own_cpu_says_it_ran():
     from capacity.sim_check import compare
 
     prof, c16 = saved_run(16)
-    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    cfg = saved_run_settings()
     [first] = compare(copy.deepcopy(prof), [copy.deepcopy(c16)], cfg, 20.0, 2, 0.25)
     charged = c16["measured"]["cpu_ms_per_request"] / first["speed_given_cpu"]
 
@@ -335,7 +335,7 @@ def test_a_profile_measured_under_steal_is_taken_as_that_much_longer_than_its_wo
 
     prof, c1 = saved_run(1)
     c1["measured"]["steal"] = 0.0
-    cfg = settings_from_config(ROOT / "serve_config.yaml")
+    cfg = saved_run_settings()
     quiet, stolen = copy.deepcopy(prof), copy.deepcopy(prof)
     quiet["source"]["steal"], stolen["source"]["steal"] = 0.0, 0.25
     [a] = compare(quiet, [copy.deepcopy(c1)], cfg, 20.0, 2, 0.25)

@@ -38,9 +38,23 @@ def test_one_request_at_a_time_takes_exactly_the_sum_of_its_stages():
 def test_batch_wait_adds_latency_when_a_batch_cannot_fill():
     p = profile()
     no_wait = simulate(p, Workload.mutual(0.0, AGREE), {}, settings(), concurrency=1, duration_s=20)
-    wait = simulate(p, Workload.mutual(0.0, AGREE), {}, settings(batch_wait_s=0.01), concurrency=1, duration_s=20)
+    wait = simulate(p, Workload.mutual(0.0, AGREE), {}, settings(batch_wait_s=0.01, batch_wait_mode="always"),
+                    concurrency=1, duration_s=20)
     # One request cannot fill any batch: the vision batch and each decode loop wait their 10 ms.
     assert wait["p50_ms"] == pytest.approx(no_wait["p50_ms"] + 20, abs=1e-6)
+    # Adaptive waits (the app's default): a lone request's decode stages start at once; its two
+    # encodes reach the VisionEncoder together (closer than the wait), so that batch still waits.
+    adaptive = simulate(p, Workload.mutual(0.0, AGREE), {}, settings(batch_wait_s=0.01), concurrency=1, duration_s=20)
+    assert adaptive["p50_ms"] == pytest.approx(no_wait["p50_ms"] + 10, abs=1e-6)
+
+
+def test_adaptive_waits_batch_a_model_servers_stages_when_other_requests_are_in_flight():
+    p = profile()
+    w = Workload.mutual(0.0, AGREE)
+    alone = simulate(p, w, {}, settings(batch_wait_s=0.01), concurrency=1, duration_s=20)
+    busy = simulate(p, w, {}, settings(batch_wait_s=0.01), concurrency=8, duration_s=20)
+    assert alone["pools"]["LargeAnswerer"]["mean_batch"] == pytest.approx(1.0)
+    assert busy["pools"]["LargeAnswerer"]["mean_batch"] > 2
 
 
 def test_batching_carries_load_that_one_row_at_a_time_could_not():
