@@ -25,18 +25,30 @@ LEAKS = re.compile(r"Traceback|File \"|object at 0x|/work/|/tmp/|/root/|\.py\b|\
 
 @pytest.fixture(scope="module")
 def url(serve_url):
-    """The test apps with forced batches, plus `tight`: a copy of `tandem` whose prompt limit fits the
-    large model's direct prompt of `LONG_QUESTION` but not the small model's."""
+    """The test apps with forced batches, plus `tight`: a copy of `tandem` whose prompt limit is the
+    least its HTTP limits allow (build_app refuses less), asked a question in characters of three
+    tokens each (`TIGHT_QUESTION`), whose small-model direct prompt is over that limit while the
+    large model's fits: a prompt the Router admits by its character count and a model refuses."""
     apps = app_configs(forced_batches=True)
     tight = json.loads(json.dumps(apps[0]))
     tight.update(name="tight", route_prefix="/tight")
-    tight["args"]["limits"] = dict(tight["args"].get("limits") or {}, max_prompt_tokens=_tight_limit())
+    limit = _least_limit(tight["args"])
+    tight["args"]["limits"] = dict(tight["args"].get("limits") or {}, max_prompt_tokens=limit)
+    TIGHT_QUESTION.append(_question_over(limit))
     deploy(apps + [tight])
     yield serve_url
     deploy(app_configs())
 
 
-LONG_QUESTION = "What colour is the cell in row 2, column 3? Count the red cells in row 4 as well."
+TIGHT_QUESTION: list[str] = []  # set by the `url` fixture
+RARE = "龘"  # three tokens in Qwen's vocabulary
+
+
+def _least_limit(args: dict) -> int:
+    from tandem.config import load_tandem_config, longest_prompt_tokens
+
+    config = load_tandem_config(args)
+    return max(sum(longest_prompt_tokens(config, role).values()) for role in ("small", "large"))
 
 
 def _prompt_tokens(ref: str, fmt: str, question: str) -> int:
@@ -49,11 +61,20 @@ def _prompt_tokens(ref: str, fmt: str, question: str) -> int:
     return len(tokenizer(prompts.direct_prompt(question, 0, fmt))["input_ids"])
 
 
-def _tight_limit() -> int:
-    small = _prompt_tokens("tiny:small", "think_tags", LONG_QUESTION)
-    large = _prompt_tokens("tiny:large", "prompted", LONG_QUESTION)
-    assert small > large, (small, large)  # the case this app exists for
-    return large
+def _question_over(limit: int) -> str:
+    """The shortest run of RARE whose small-model direct prompt is over `limit`; the large model's
+    direct prompt of it still fits."""
+    lo, hi = 1, 3000
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _prompt_tokens("tiny:small", "think_tags", RARE * mid) > limit:
+            hi = mid
+        else:
+            lo = mid + 1
+    question = RARE * lo
+    assert _prompt_tokens("tiny:small", "think_tags", question) > limit
+    assert _prompt_tokens("tiny:large", "prompted", question) <= limit  # the case this app exists for
+    return question
 
 
 def _png_url(data: bytes) -> str:
@@ -150,7 +171,7 @@ async def test_a_client_error_from_the_small_model_is_a_400_not_a_degraded_200(u
     fault, so a 400 (it used to be answered 200 'degraded' with a traceback in the trace)."""
     tight = f"{url}/tight"
     innocent = [_body(f"hi {i}") for i in range(3)]  # tandem:large: its direct prompts fit the tight limit
-    r = await _alone_then_together(tight, _body(LONG_QUESTION, model="tandem:mutual"), innocent)
+    r = await _alone_then_together(tight, _body(TIGHT_QUESTION[0], model="tandem:mutual"), innocent)
     assert r.status_code == 400, r.text[:300]
     assert "limit" in r.json()["error"]["message"]
 
