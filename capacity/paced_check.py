@@ -1,7 +1,7 @@
 """The simulator checked against the served app on the paced engine, where the machine's speed cannot
 blur the comparison: `python -m capacity.sim_check --engine paced` (or this module).
 
-    python -m capacity.sim_check --engine paced             # 3 runs, ~6 min on 2 cores
+    python -m capacity.sim_check --engine paced             # 3 runs, ~12 min on 2 cores
     python -m capacity.sim_check --engine paced --quick     # 1 run, shorter loads
 
 The app is serve_config.yaml's with `engine: paced`: every deployment, handle, queue, batch loop and
@@ -48,9 +48,9 @@ def _generator(prefill_ms: tuple[float, float], step_ms: tuple[float, float, flo
 PACED_PROFILE = {
     "kind": PROFILE_KIND, "version": 1, "router": {"ms": 1.0},
     "source": {"paced": "service times by definition (capacity/paced_check.py), spent as waits"},
-    "vision": {role: [{"images": 1, "ms": 10.0}, {"images": 8, "ms": 24.0}] for role in ("small", "large")},
-    "generators": {"small": _generator((15.0, 40.0), (20.0, 26.0, 32.0)),
-                   "large": _generator((25.0, 60.0), (30.0, 38.0, 46.0))},
+    "vision": {role: [{"images": 1, "ms": 40.0}, {"images": 8, "ms": 96.0}] for role in ("small", "large")},
+    "generators": {"small": _generator((60.0, 160.0), (80.0, 104.0, 128.0)),
+                   "large": _generator((100.0, 240.0), (120.0, 152.0, 184.0))},
     "workload": {"policy": "mutual", "images": 1, "transfer_rate": 0.3, "stages": STAGES},
 }
 
@@ -75,6 +75,9 @@ def hop_costs(agree_p50: float, transfer_p50: float, router_ms: float) -> dict:
 def paced_app(profile_path: Path, zero_path: Path):
     def edit(app: dict) -> None:
         app["args"].update(engine="paced", paced={"profile": str(profile_path)})
+        for dep in app["deployments"]:  # the simulator has no feature cache: every image is encoded
+            if dep["name"] == "VisionEncoder":
+                dep.setdefault("user_config", {})["feature_cache_size"] = 0
 
     def zero(rate: float):
         return lambda app: app["args"].update(paced={"profile": str(zero_path), "transfer_rate": rate})
@@ -99,6 +102,10 @@ def run_loads(url: str, items: list[dict], duration_s: float, open_fraction: flo
     return points
 
 
+SIM_LONGER = 5  # a closed loop simulated this many times as long: the simulation's own path draws
+# average out, and a closed loop's steady state does not depend on the run's length
+
+
 def simulated(profile: dict, point: dict, settings: dict, duration_s: float) -> dict:
     m = point["measured"]
     share = m["workload"].get("transfer_rate", profile["workload"]["transfer_rate"])
@@ -106,9 +113,9 @@ def simulated(profile: dict, point: dict, settings: dict, duration_s: float) -> 
     replicas = {"Router": 1, "VisionEncoder": 1, "SmallReasoner": 1, "LargeAnswerer": 1}
     if "concurrency" in point:
         return simulate(Profile.from_dict(profile), workload, replicas, settings, concurrency=point["concurrency"],
-                        duration_s=duration_s, warmup_s=0.1 * duration_s)
-    return simulate(Profile.from_dict(profile), workload, replicas, settings, rate=point["rate"],
-                    duration_s=duration_s, warmup_s=0.1 * duration_s, arrivals=m["arrivals_s"])
+                        duration_s=SIM_LONGER * duration_s, warmup_s=0.1 * duration_s)
+    return simulate(Profile.from_dict(profile), workload, replicas, settings, duration_s=duration_s,
+                    warmup_s=0.1 * duration_s, arrivals=m["arrivals_s"])
 
 
 def figures(run: int, points: list[dict]) -> list[dict]:
@@ -132,7 +139,7 @@ def print_run(run: int, rows: list[dict]) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3, help="consecutive runs, each every load")
-    p.add_argument("--duration-s", type=float, default=30.0, help="per load point")
+    p.add_argument("--duration-s", type=float, default=40.0, help="per load point")
     p.add_argument("--open-fraction", type=float, default=0.8)
     p.add_argument("--quick", action="store_true", help="1 run of 12 s loads")
     p.add_argument("--out", default=str(ROOT / "results"))
