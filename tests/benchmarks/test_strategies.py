@@ -54,7 +54,7 @@ def _runs(correct_by_tier: dict[str, tuple[int, int]], latency_ms: float = 10.0)
 def test_f3_reports_the_gap_it_divides_by_and_whether_that_gap_is_inside_the_interval():
     """F3's ratio divides by large_reasoning − large; with a 2-point gap the ratio is large and
     means little, so the findings say how big the gap is and whether it is inside large_reasoning's
-    95 % interval (the shipped pair's case), and the bars themselves stay as the issue states them."""
+    95 % interval (the shipped pair's case), and the bars themselves do not move."""
     from benchmarks.strategies import findings, row
 
     def evaluate(large_right):
