@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from tandem.curves import Curve
+from tandem.curves import Curve, generator_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE_KIND = "tandem-stage-profile"
@@ -26,14 +26,6 @@ OUTSIDE_LOOPS = 2
 
 
 # --- the profile ------------------------------------------------------------------------------------
-def generator_curves(gen: dict, step_overhead_ms: float = 0.0) -> tuple[Curve, Curve]:
-    """A generator's (prefill, step) curves from a profile's `generators.<role>` entry: a join's
-    prefill by the joining rows' total prompt tokens, a step by the rows running (plus what a served
-    step costs beyond the engine's, if given)."""
-    return (Curve([(p["batch"] * p["prompt_tokens"], p["ms"]) for p in gen["prefill"]]),
-            Curve([(p["batch"], p["ms"] + step_overhead_ms) for p in gen["step"]]))
-
-
 def by_in_flight(alone: float, busy: float, count: int, in_flight: float) -> float:
     """A per-request cost measured with one request in flight (`alone`) and with `count` (`busy`), at
     `in_flight`: linear between the two counts, flat beyond them."""

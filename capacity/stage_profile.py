@@ -108,15 +108,10 @@ ESTIMATE = dict(bandwidth_efficiency=0.7, compute_efficiency=0.4, step_overhead_
 
 def _param_counts(name: str) -> tuple[int, int]:
     """(decoder, vision tower) parameters of a real-size Qwen3-VL, counted without allocating them."""
-    import torch
-    from transformers import Qwen3VLForConditionalGeneration
+    from tandem.deploy_checks import model_shape
 
-    from tandem.checkpoints import real_size_config
-
-    with torch.device("meta"):
-        model = Qwen3VLForConditionalGeneration._from_config(real_size_config(name))
-    vision = sum(p.numel() for p in model.model.visual.parameters())
-    return sum(p.numel() for p in model.parameters()) - vision, vision
+    shape = model_shape(name)
+    return shape["decoder_params"], shape["vision_params"]
 
 
 def estimate_profile(gpu: str, small: str = "qwen3-vl-2b", large: str = "qwen3-vl-8b", **over) -> dict:

@@ -32,3 +32,11 @@ class Curve:
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         y = y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
         return max(self.floor, y)
+
+
+def generator_curves(gen: dict, step_overhead_ms: float = 0.0) -> tuple[Curve, Curve]:
+    """A generator's (prefill, step) curves from a profile's `generators.<role>` entry: a join's
+    prefill by the joining rows' total prompt tokens, a step by the rows running (plus what a served
+    step costs beyond the engine's, if given)."""
+    return (Curve([(p["batch"] * p["prompt_tokens"], p["ms"]) for p in gen["prefill"]]),
+            Curve([(p["batch"], p["ms"] + step_overhead_ms) for p in gen["step"]]))

@@ -15,7 +15,7 @@ import hashlib
 import time
 from typing import Callable
 
-from tandem.curves import Curve
+from tandem.curves import Curve, generator_curves
 from tandem.engines.decoding import Prepared
 from tandem.engines.fake import FakeEngine
 from tandem.prompts import REASON_INSTRUCTION, THINK_OPEN, TRANSFER_HEADER
@@ -43,8 +43,7 @@ class PacedEngine(FakeEngine):
         super().__init__(name, max_prompt_tokens=max_prompt_tokens)
         gen = profile["generators"][name]
         self.vision_ms = Curve([(p["images"], p["ms"]) for p in profile["vision"][name]])
-        self.prefill_ms = Curve([(p["batch"] * p["prompt_tokens"], p["ms"]) for p in gen["prefill"]])
-        self.step_ms = Curve([(p["batch"], p["ms"]) for p in gen["step"]])
+        self.prefill_ms, self.step_ms = generator_curves(gen)
         workload = profile.get("workload", {})
         self.stages = workload.get("stages", {})
         self.transfer_rate = workload.get("transfer_rate", 0.0) if transfer_rate is None else transfer_rate
