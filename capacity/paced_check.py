@@ -72,7 +72,9 @@ def hop_costs(agree_p50: float, transfer_p50: float, router_ms: float) -> dict:
     return {"encode": round(max(0.0, agree_p50 - router_ms - generate), 3), "generate": round(generate, 3)}
 
 
-def paced_app(profile_path: Path, zero_path: Path):
+def paced_app(profile_path: Path, zero_path: Path, autoscaled: dict[str, dict] | None = None):
+    """serve_config.yaml's app on the paced engine, with the zero-time twins; `autoscaled` (deployment
+    -> autoscaling_config) autoscales those deployments of the app (not of its twins)."""
     def edit(app: dict) -> None:
         app["args"].update(engine="paced", paced={"profile": str(profile_path)})
         for dep in app["deployments"]:  # the simulator has no feature cache: every image is encoded
@@ -80,8 +82,20 @@ def paced_app(profile_path: Path, zero_path: Path):
                 dep.setdefault("user_config", {})["feature_cache_size"] = 0
 
     def zero(rate: float):
-        return lambda app: app["args"].update(paced={"profile": str(zero_path), "transfer_rate": rate})
-    return LocalApps(edit=edit, twins={"zero": zero(0.0), "zero-transfer": zero(1.0)})
+        def twin(app: dict) -> None:
+            app["args"].update(paced={"profile": str(zero_path), "transfer_rate": rate})
+            for dep in app["deployments"]:
+                if dep.pop("autoscaling_config", None):
+                    dep["num_replicas"] = 1
+        return twin
+
+    def main_app(app: dict) -> None:
+        edit(app)
+        for dep in app["deployments"]:
+            if dep["name"] in (autoscaled or {}):
+                dep.pop("num_replicas", None)
+                dep["autoscaling_config"] = dict(autoscaled[dep["name"]])
+    return LocalApps(edit=main_app, twins={"zero": zero(0.0), "zero-transfer": zero(1.0)})
 
 
 def measure_hops(url: str, items: list[dict], duration_s: float) -> dict:

@@ -34,12 +34,15 @@ class Job:
 
 
 class Replica:
-    __slots__ = ("pool", "index", "ongoing", "queue", "wake", "full", "compute_s", "last_job", "last_gap")
+    __slots__ = ("pool", "index", "ongoing", "queue", "wake", "full", "compute_s", "last_job", "last_gap",
+                 "retired", "born", "died")
 
     def __init__(self, pool: Pool, index: int):
         self.pool, self.index = pool, index
         self.ongoing, self.queue, self.wake, self.full = 0, deque(), None, None
         self.compute_s = 0.0
+        self.retired = False  # autoscaled away: takes no new jobs, stops when its own are done
+        self.born, self.died = pool.sim.env.now, None  # when it came up and stopped (replica seconds)
         self.last_job, self.last_gap = -math.inf, math.inf  # when its last job came, and the gap before it
 
     def worth_waiting(self, wait_s: float, vision: bool = False) -> bool:
@@ -53,17 +56,46 @@ class Replica:
 class Pool:
     def __init__(self, sim: Simulation, name: str, n: int, settings: PoolSettings, queue_limit: int):
         self.sim, self.name, self.settings = sim, name, settings
-        self.replicas = [Replica(self, i) for i in range(n)]
+        self.replicas = [Replica(self, i) for i in range(n)]  # those taking jobs
+        self.retired: list[Replica] = []  # autoscaled away
         self.waiting: deque = deque()  # the callers' queue: jobs no replica has room for yet
         self.queue_limit = queue_limit
         # Looked up for every call (millions): the settings the pool keeps for the run.
         self.is_router, self.limit, self.admit = name == "Router", settings.max_ongoing, settings.admit
         self.max_batch = settings.max_batch_size
-        self.bits, self.bits_less = n.bit_length(), (n - 1).bit_length()  # the random draws' widths
+        self._widths()
         # Every job's queueing time (s), as doubles: millions at 10,000 req/s (`Simulation.arrivals`).
         self.queue_s = array("d")
         self.rejected = 0
         self.batches = self.batched = 0  # batches run and jobs in them (decoders: steps and rows)
+        # Jobs in the pool (at its replicas or queued for one) now, and their time integral: the mean
+        # a replica holds is what an autoscaling target is set against.
+        self.held, self.held_area, self.held_since = 0, 0.0, 0.0
+
+    def _widths(self) -> None:
+        n = len(self.replicas)
+        self.bits, self.bits_less = n.bit_length(), max(0, n - 1).bit_length()  # the random draws' widths
+
+    def add_replica(self) -> Replica:
+        """A new replica (autoscaling), handed the callers' queued jobs it has room for."""
+        rep = Replica(self, len(self.replicas) + len(self.retired))
+        self.replicas.append(rep)
+        self._widths()
+        while self.waiting and rep.ongoing < self.limit:
+            self.assign(self.waiting.popleft(), rep)
+        return rep
+
+    def retire(self, rep: Replica) -> None:
+        """Take `rep` out of routing (autoscaling down); its loop stops once its jobs are done."""
+        self.replicas.remove(rep)
+        self.retired.append(rep)
+        self._widths()
+        rep.retired = True
+        if rep.wake is not None and not rep.wake.triggered:
+            rep.wake.succeed()
+
+    def replica_seconds(self, now: float) -> float:
+        return sum((r.died if r.died is not None else now) - r.born for r in (*self.replicas, *self.retired))
 
     def pick(self) -> Replica | None:
         """Serve's power of two choices: the less loaded of two random replicas, if either has room;
@@ -97,17 +129,28 @@ class Pool:
             j = bits(k)
         return reps[i], reps[j]
 
+    def _hold(self, delta: int) -> None:
+        now = self.sim.env.now
+        self.held_area += self.held * (now - self.held_since)
+        self.held, self.held_since = self.held + delta, now
+
+    def held_mean(self, now: float) -> float:
+        """Jobs in the pool on average since the start."""
+        return (self.held_area + self.held * (now - self.held_since)) / now if now else 0.0
+
     def submit(self, job) -> bool:
         replica = self.pick()
         if replica is None:
             if 0 <= self.queue_limit <= len(self.waiting):
                 self.rejected += 1
                 return False
+            self._hold(1)
             self.waiting.append(job)
             return True
         if self.admit is not None and replica.ongoing >= self.admit:
             self.rejected += 1  # the Router's admission limit: turned away before any work
             return False
+        self._hold(1)
         self.assign(job, replica)
         return True
 
@@ -118,8 +161,11 @@ class Pool:
 
     def release(self, replica: Replica) -> None:
         replica.ongoing -= 1
+        self._hold(-1)
         if self.waiting:
-            self.assign(self.waiting.popleft(), replica)
+            to = replica if not replica.retired else self.pick()
+            if to is not None:
+                self.assign(self.waiting.popleft(), to)
 
 
 def app_cores(host_cores: float, profile: Profile) -> float:

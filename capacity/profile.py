@@ -184,6 +184,44 @@ class Workload:
 
 
 # --- the cluster's settings ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Autoscaling:
+    """A deployment's `autoscaling_config`: the fields Serve's default policy reads, with Serve's
+    defaults (a test holds them to ray.serve.config.AutoscalingConfig's)."""
+    min_replicas: int = 1
+    max_replicas: int = 1
+    initial_replicas: int | None = None
+    target_ongoing_requests: float = 2.0
+    metrics_interval_s: float = 10.0
+    look_back_period_s: float = 30.0
+    smoothing_factor: float = 1.0
+    upscaling_factor: float | None = None
+    downscaling_factor: float | None = None
+    upscale_delay_s: float = 30.0
+    downscale_delay_s: float = 600.0
+
+    @classmethod
+    def from_config(cls, d: dict) -> "Autoscaling":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        out = cls(**known)
+        if out.min_replicas < 1 or out.max_replicas < out.min_replicas:
+            # Scaling to zero is not simulated (a cold start's first request waits for a replica).
+            raise ValueError(f"autoscaling needs 1 <= min_replicas <= max_replicas, got {d}")
+        return out
+
+    @property
+    def up(self) -> float:
+        return self.upscaling_factor or self.smoothing_factor
+
+    @property
+    def down(self) -> float:
+        return self.downscaling_factor or self.smoothing_factor
+
+    @property
+    def initial(self) -> int:
+        return self.min_replicas if self.initial_replicas is None else self.initial_replicas
+
+
 @dataclass
 class PoolSettings:
     max_ongoing: int = 32
@@ -193,10 +231,13 @@ class PoolSettings:
     batch_wait_mode: str = "adaptive"  # or "always": as the deployments' user_config says
     gpus_per_replica: float = 0.0
     admit: int | None = None      # Router: the app's http.max_in_flight, requests a replica answers at once
+    autoscaling: Autoscaling | None = None  # None: the pool keeps the replicas it is given
+    startup_s: float = 0.0        # autoscaling: from a replica's start to its first request (loading weights)
 
 
-def settings_from_config(path: str | Path) -> dict[str, PoolSettings]:
-    """Each deployment's limits and batching as a serve config file sets them."""
+def settings_from_config(path: str | Path, autoscaling: bool = False) -> dict[str, PoolSettings]:
+    """Each deployment's limits and batching as a serve config file sets them; with `autoscaling`,
+    also its `autoscaling_config` where it has one."""
     cfg = yaml.safe_load(Path(path).read_text())
     app = cfg["applications"][0]
     deployments = {d["name"]: d for d in app.get("deployments", [])}
@@ -212,7 +253,9 @@ def settings_from_config(path: str | Path) -> dict[str, PoolSettings]:
                                                                                      else 0.005)),
                                  batch_wait_mode=str(user.get("batch_wait_mode", "adaptive")),
                                  gpus_per_replica=float((d.get("ray_actor_options") or {}).get("num_gpus", 0)),
-                                 admit=int(admit) if name == "Router" and admit else None)
+                                 admit=int(admit) if name == "Router" and admit else None,
+                                 autoscaling=Autoscaling.from_config(d["autoscaling_config"])
+                                 if autoscaling and d.get("autoscaling_config") else None)
     return out
 
 
@@ -240,10 +283,27 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def parse_seconds(text: str) -> dict[str, float]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, v = part.partition("=")
+        try:
+            out[name] = float(v)
+        except ValueError:
+            out[name] = -1.0
+        if name not in POOLS or out[name] < 0:
+            raise argparse.ArgumentTypeError(f"bad time {part!r}: expected <{'|'.join(POOLS)}>=<seconds >= 0>")
+    return out
+
+
 def settings_for(args) -> dict[str, PoolSettings]:
-    settings = settings_from_config(args.config)
+    """The pools' settings from `--config`, with the command line's overrides; autoscaled as the config
+    says only with `--autoscale` (a command that has it)."""
+    settings = settings_from_config(args.config, autoscaling=getattr(args, "autoscale", False))
     for name, n in args.max_batch_size.items():
         settings[name].max_batch_size = n
+    for name, s in getattr(args, "startup_s", {}).items():
+        settings[name].startup_s = s
     return settings
 
 

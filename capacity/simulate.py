@@ -9,8 +9,9 @@ of two choices, per-caller queue limits), the VisionEncoder's `@serve.batch`, th
 step-level decode loop (rows join between steps and leave at their own length), and the policy's path
 mix (`Workload`). Arrivals are open-loop Poisson, a replay of measured send times, or a closed loop.
 `--host-cores N` runs every replica on N shared CPU cores (processor sharing, `capacity/pools.py`),
-as the local CPU app does; GPU pools own their devices. docs/capacity.md says what is modelled and
-what is not (autoscaling, the network, the feature cache).
+as the local CPU app does; GPU pools own their devices. `--autoscale` runs Serve's autoscaling
+controller on the pools the config autoscales (capacity/autoscale.py), `--rate-steps` a traffic
+curve. docs/capacity.md says what is modelled and what is not (the network, the feature cache).
 
 Output: a table and one JSON line — throughput, p50/p95/p99, rejection rate, requests still
 unanswered after an open loop's drain (`unfinished`), and per pool its utilisation, queueing time
@@ -22,20 +23,18 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import bisect
 import random
 import time
 from array import array
-from itertools import compress
 
-import numpy as np
 import simpy
 
-from benchmarks.metrics import percentile
+from capacity.autoscale import Autoscaler, parse_steps, step_arrivals
 from capacity.pools import Cores, Job, Pool, Replica, Request, app_cores
+from capacity.report import print_result, summarise
 from capacity.profile import (GENERATORS, OUTSIDE_LOOPS, POOLS, Call, PoolSettings, Profile, Workload,
-                              add_workload_args, by_in_flight, parse_replicas, settings_for,
+                              add_workload_args, by_in_flight, parse_replicas, parse_seconds, settings_for,
                               workload_for)
 
 
@@ -61,22 +60,26 @@ class Simulation:
         self.env = simpy.Environment()
         self.cores: Cores | None = None  # with shared cores, once the pools are built; own devices: none
         self.coast = True  # own devices: a decode loop's steps between joins and finishes run as one wait
-        n_routers = replicas.get("Router", 1)
+        # An autoscaled pool starts at its initial replicas, and Serve's controller moves it from there.
+        replicas = {name: settings[name].autoscaling.initial if settings[name].autoscaling else n
+                    for name, n in {**dict.fromkeys(POOLS, 1), **replicas}.items()}
         self.pools = {}
         for name in POOLS:
             s = settings[name]
-            callers = 1 if name == "Router" else n_routers  # Serve bounds the queue per calling handle
+            # Serve bounds the queue per calling handle (the Routers' count as they start)
+            callers = 1 if name == "Router" else replicas["Router"]
             limit = -1 if s.max_queued < 0 else s.max_queued * callers
-            self.pools[name] = Pool(self, name, max(1, replicas.get(name, 1)), s, limit)
+            self.pools[name] = Pool(self, name, max(1, replicas[name]), s, limit)
         if self.host_cores:
             loops = OUTSIDE_LOOPS + sum(len(p.replicas) for p in self.pools.values())
             self.cores = Cores(self, self.host_cores, loops)
         for pool in self.pools.values():
-            if pool.name == "Router":
-                continue
-            loop = self._vision_loop if pool.name == "VisionEncoder" else self._decode_loop
             for rep in pool.replicas:
-                self.env.process(loop(rep))
+                self.spawn(rep)
+        self.autoscalers = {name: Autoscaler(self, pool) for name, pool in self.pools.items()
+                            if pool.settings.autoscaling}
+        for scaler in self.autoscalers.values():
+            self.env.process(scaler.run())
         # Each answered request's arrival, latency (s) and path, and when it finished; each rejected
         # one's arrival. Doubles, not float objects: a 10,000 req/s run keeps millions (with the
         # pools' queueing times, 0.2 GB of its 0.34 GB as floats in lists).
@@ -93,6 +96,11 @@ class Simulation:
         self.on_done = None  # closed loop: called with each finished or rejected request
         self.in_flight = 0
         self._unaccounted = (0.0, 0.0, 1)  # seconds at 1 in flight, at `busy` in flight; busy
+
+    def spawn(self, rep: Replica) -> None:
+        """Run a model replica's loop (a Router replica has none: `_route` does its work)."""
+        if rep.pool.name != "Router":
+            self.env.process((self._vision_loop if rep.pool.name == "VisionEncoder" else self._decode_loop)(rep))
 
     def _plan(self, call: Call) -> tuple[Call, Pool, int, float]:
         """How a request makes `call`: (the call, the pool it goes to, how many, each one's overhead s)."""
@@ -270,6 +278,11 @@ class Simulation:
         return ran
 
     def _idle(self, replica: Replica):
+        """An event for the replica's loop to wait on until a job comes; None once it is retired and
+        has none: the loop ends there."""
+        if replica.retired:
+            replica.died = self.env.now
+            return None
         replica.wake = self.env.event()
         return replica.wake
 
@@ -302,7 +315,10 @@ class Simulation:
         vision, queue_s, job_done = self.profile.vision, rep.pool.queue_s, self._job_done
         while True:
             while not queue:
-                yield self._idle(rep)
+                idle = self._idle(rep)
+                if idle is None:
+                    return
+                yield idle
             waiting = self._fill(rep, s.batch_wait_s, s.max_batch_size) if rep.worth_waiting(s.batch_wait_s, True) \
                 else None
             if waiting is not None:
@@ -336,7 +352,10 @@ class Simulation:
         max_batch, wait_s = s.max_batch_size, s.batch_wait_s
         while True:
             while not running and not queue:
-                yield self._idle(rep)
+                idle = self._idle(rep)
+                if idle is None:
+                    return
+                yield idle
             if not running and wait_s and rep.worth_waiting(wait_s):
                 waiting = self._fill(rep, wait_s, max_batch)
                 if waiting is not None:
@@ -349,7 +368,7 @@ class Simulation:
                 # arrives in, if it has room to join. A 10,000 req/s run is otherwise millions of steps.
                 k = min(rows) - steps
                 if k > 1:
-                    done = yield from self._coast(rep, step(running), k, running, not full)
+                    done = yield from self._coast(rep, step(running), k, running, not full and not rep.retired)
                     steps += done
                     for job in rows.pop(steps, ()):
                         running -= 1
@@ -474,50 +493,7 @@ class Simulation:
         return list(zip(self.arrivals, self.latency_s, self.paths))
 
     def summary(self, rate, concurrency, duration_s: float, warmup: float, wall_s: float) -> dict:
-        arrived_at = np.frombuffer(self.arrivals, dtype=float)
-        counted = (warmup <= arrived_at) & (arrived_at < duration_s)
-        lat = np.frombuffer(self.latency_s, dtype=float)[counted] * 1000
-        # Throughput: completions per second once the pipeline is full. A pipeline seconds deep (a
-        # long reasoning path) fills for seconds after the warm-up: the window starts a p99 latency
-        # later (at most half-way), or completions of slow paths would be missing from it.
-        start = min(warmup + (percentile(lat, 99) / 1000 if len(lat) else 0.0), duration_s / 2)
-        window = duration_s - start
-        done_at = np.frombuffer(self.done_times, dtype=float)
-        rejected_at = np.frombuffer(self.rejected, dtype=float)
-        done = int(np.count_nonzero((start <= done_at) & (done_at < duration_s)))
-        rejected = int(np.count_nonzero((warmup <= rejected_at) & (rejected_at < duration_s)))
-        # An open loop's requests still in flight after its drain: neither answered nor turned away, so
-        # its percentiles (of the answered alone) understate an overloaded app — counted, and among
-        # the arrivals the rejection rate is a share of. A closed loop ends with its clients' last
-        # requests in flight by design.
-        unfinished = self.in_flight if rate is not None else None
-        arrived = len(lat) + rejected + (unfinished or 0)
-        paths: dict[str, int] = {}
-        for p in compress(self.paths, counted.tolist()):
-            paths[p] = paths.get(p, 0) + 1
-        pools = {}
-        for name, pool in self.pools.items():
-            busy = sum(r.compute_s for r in pool.replicas)
-            q = np.frombuffer(pool.queue_s, dtype=float) * 1000
-            pools[name] = {"replicas": len(pool.replicas),
-                           "utilisation": round(busy / (len(pool.replicas) * self.env.now), 3) if self.env.now else 0,
-                           "queue_ms_mean": round(float(np.mean(q)), 2) if len(q) else 0.0,
-                           "queue_ms_p95": round(percentile(q, 95), 2) if len(q) else 0.0, "rejected": pool.rejected,
-                           "mean_batch": round(pool.batched / pool.batches, 2) if pool.batches else None}
-        gpus = sum(len(p.replicas) * p.settings.gpus_per_replica for p in self.pools.values())
-        # On shared cores: the CPU work charged per answered request, at the profile's speed, over the
-        # whole run (those still in flight at its end counted half done) — what a load's measured CPU
-        # per request is to be set against, to read how fast the machine ran it (capacity/sim_check.py).
-        cpu = ({"cpu_ms_per_request": round(1000 * self.cores.work_s / max(1.0, len(self.latency_s) + self.in_flight / 2), 3)}
-               if self.cores is not None else {})
-        return {"benchmark": "simulate", "rate_rps": rate, "concurrency": concurrency, "duration_s": duration_s,
-                "replicas": {n: len(p.replicas) for n, p in self.pools.items()}, "gpus": gpus,
-                "throughput_rps": round(done / window, 2) if window > 0 else math.nan,
-                "mean_ms": round(float(np.mean(lat)), 2) if len(lat) else math.nan, "p50_ms": round(percentile(lat, 50), 2), "p95_ms": round(percentile(lat, 95), 2),
-                "p99_ms": round(percentile(lat, 99), 2), "completed": len(lat), "rejected": rejected,
-                "unfinished": unfinished,
-                "rejection_rate": round(rejected / arrived, 4) if arrived else 0.0,
-                "paths": paths, "pools": pools, **cpu, "wall_s": round(wall_s, 2)}
+        return summarise(self, rate, concurrency, duration_s, warmup, wall_s)
 
 
 def simulate(profile: Profile, workload: Workload, replicas: dict[str, int], settings: dict[str, PoolSettings],
@@ -541,35 +517,28 @@ def default_duration(profile: Profile, workload: Workload) -> float:
     return max(30.0, STEADY_PATHS * workload.unloaded_s(profile))
 
 
-def print_result(r: dict) -> None:
-    load = f"{r['rate_rps']} req/s open loop" if r["rate_rps"] is not None else f"concurrency {r['concurrency']}"
-    print(f"{load}, {r['duration_s']:.0f} simulated s ({r['wall_s']} s wall): throughput {r['throughput_rps']} req/s, "
-          f"p50 {r['p50_ms']} ms, p95 {r['p95_ms']} ms, p99 {r['p99_ms']} ms, rejected {r['rejection_rate']:.2%}")
-    if r.get("unfinished"):
-        print(f"{r['unfinished']} requests still in flight after the drain: the percentiles are of the "
-              f"{r['completed']} answered alone, and understate an app this overloaded")
-    print(f"{'pool':<14} {'replicas':>8} {'util':>6} {'queue_mean_ms':>14} {'queue_p95_ms':>13} {'mean_batch':>11}")
-    for name, p in r["pools"].items():
-        print(f"{name:<14} {p['replicas']:>8} {p['utilisation']:>6.2f} {p['queue_ms_mean']:>14.1f} "
-              f"{p['queue_ms_p95']:>13.1f} {p['mean_batch'] if p['mean_batch'] is not None else '-':>11}")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
     p.add_argument("--rate", type=float, help="open-loop arrivals per second (Poisson)")
     p.add_argument("--concurrency", type=int, help="closed loop: this many clients")
     p.add_argument("--replicas", type=parse_replicas, default={}, help="e.g. VisionEncoder=1,SmallReasoner=2")
+    p.add_argument("--rate-steps", type=parse_steps, help="open loop in steps, e.g. 0:2,30:8,90:2 (from s: req/s)")
     p.add_argument("--duration-s", type=float, default=60.0)
+    p.add_argument("--autoscale", action="store_true",
+                   help="pools with an autoscaling_config in --config autoscale as Serve would (capacity/autoscale.py)")
+    p.add_argument("--startup-s", type=parse_seconds, default={},
+                   help="with --autoscale: how long a new replica takes to come up, e.g. LargeAnswerer=40")
     args = p.parse_args(argv)
-    if (args.rate is None) == (args.concurrency is None):
-        p.error("give --rate or --concurrency")
+    if sum(x is not None for x in (args.rate, args.concurrency, args.rate_steps)) != 1:
+        p.error("give one of --rate, --concurrency, --rate-steps")
     profile = Profile.load(args.profile)
     workload = workload_for(args, profile)
     print(f"profile {args.profile} ({profile.source.get('device', '?')}); workload: {workload.describe()}")
+    arrivals = step_arrivals(args.rate_steps, args.duration_s, args.seed) if args.rate_steps else None
     r = simulate(profile, workload, args.replicas, settings_for(args), rate=args.rate,
                  concurrency=args.concurrency, duration_s=args.duration_s, host_cores=args.host_cores,
-                 seed=args.seed)
+                 seed=args.seed, arrivals=arrivals)
     print_result(r)
     steady = default_duration(profile, workload)
     if args.duration_s < steady:

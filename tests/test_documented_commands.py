@@ -19,7 +19,7 @@ PY = sys.executable
 HELP = ["benchmarks.strategies", "benchmarks.calibrate", "benchmarks.budget", "benchmarks.load", "benchmarks.soak",
         "benchmarks.engine_batching", "benchmarks.load_memory", "benchmarks.latency_profile", "benchmarks.prefix_reuse",
         "benchmarks.served_overhead", "benchmarks.affinity",
-        "capacity.stage_profile", "capacity.simulate", "capacity.plan", "capacity.sim_check", "capacity.paced_check",
+        "capacity.stage_profile", "capacity.simulate", "capacity.plan", "capacity.sim_check", "capacity.paced_check", "capacity.autoscale_check",
         "training.train", "training.probes.count_probe", "training.probes.copy_probe",
         "training.probes.trace_errors"]
 

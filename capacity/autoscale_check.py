@@ -1,0 +1,247 @@
+"""The simulator's autoscaling checked against the served app on the paced engine, under a step in
+load: `python -m capacity.autoscale_check` (~5 min on 2 cores; `--runs N` for more).
+
+The app is serve_config.yaml's on the paced engine (capacity/paced_check.py's profile) with the
+SmallReasoner and LargeAnswerer autoscaled as AUTOSCALING says — Serve's own controller, metrics and
+replica start-up, short delays so a step shows within minutes. The load is an open loop in STEPS
+(1 req/s, 8 from 30 s, 1 again from 90 s, for 150 s), and the simulator replays its very send times
+with the same autoscaling config. Measured in the same run and fed to the simulator: the per-call
+hop costs (zero-time twins, as paced_check), and how long a new replica takes from STARTING to
+RUNNING (Serve's REST API, polled every 0.5 s), which is what `startup_s` stands for.
+
+Bars, per run: each autoscaled pool's running replicas, sampled every second from the first send to
+the last answer, within ±1 of the simulated count at every sample; p95 of the whole run within
+±20 %. The p95 of each step is printed beside them. Ends with one JSON line: {"engine": "paced",
+"autoscaling": {...}, "figures": [{"run", "load", "metric", "real", "simulated", "error",
+"tolerance"}...], "within": true|false}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import dataclasses
+import json
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.client import ROOT
+from benchmarks.metrics import percentile
+from capacity.autoscale import replicas_at, step_arrivals
+from capacity.paced_check import PACED_PROFILE, measure_hops, paced_app, zero_profile
+from capacity.profile import Autoscaling, Profile, Workload, settings_from_config
+from capacity.sim_check import _post, bodies, closed_loop
+from capacity.simulate import Simulation
+
+POOLS = ("SmallReasoner", "LargeAnswerer")
+AUTOSCALING = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2, "metrics_interval_s": 1.0,
+               "look_back_period_s": 5.0, "upscale_delay_s": 3.0, "downscale_delay_s": 10.0}
+STEPS = [(0.0, 1.0), (30.0, 8.0), (90.0, 1.0)]
+DURATION_S = 150.0
+P95_TOLERANCE = 0.20
+DASHBOARD = "http://127.0.0.1:8265/api/serve/applications/"
+
+
+def dashboard_headers() -> dict[str, str]:
+    """Ray's token for its dashboard, where token authentication is on (Ray writes it for a new
+    cluster): the environment's, else the file Ray keeps it in."""
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH", Path.home() / ".ray" / "auth_token"))
+    if not token and path.exists():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def serve_deployments(http: httpx.Client, app: str = "tandem") -> dict:
+    """The app's deployments as Serve's REST API details them."""
+    r = http.get(DASHBOARD, headers=dashboard_headers())
+    r.raise_for_status()
+    return r.json()["applications"][app]["deployments"]
+
+
+class ReplicaPoller:
+    """Serve's view of the app's replicas, every `every_s` from `start` in a thread: per pool the
+    running count over time, and each replica's first STARTING and RUNNING sighting."""
+
+    def __init__(self, start: float, app: str = "tandem", every_s: float = 0.5):
+        self.start, self.app, self.every_s = start, app, every_s
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.seen: dict[str, dict[str, float]] = collections.defaultdict(dict)  # replica -> state -> first time
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "ReplicaPoller":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as http:
+            while not self._stop.is_set():
+                try:
+                    deployments = serve_deployments(http, self.app)
+                except (httpx.HTTPError, KeyError, ValueError):
+                    self._stop.wait(self.every_s)
+                    continue
+                now = time.monotonic() - self.start
+                counts = {}
+                for pool in POOLS:
+                    replicas = deployments[pool]["replicas"]
+                    counts[pool] = sum(1 for r in replicas if r["state"] == "RUNNING")
+                    for r in replicas:
+                        self.seen[r["replica_id"]].setdefault(r["state"], now)
+                self.samples.append((now, counts))
+                self._stop.wait(self.every_s)
+
+    def timeline(self, pool: str) -> list[tuple[float, int]]:
+        return [(t, c[pool]) for t, c in self.samples]
+
+    def startup_s(self) -> float | None:
+        """The median time a replica started during the load took from STARTING to RUNNING."""
+        took = [s["RUNNING"] - s["STARTING"] for s in self.seen.values() if "STARTING" in s and "RUNNING" in s
+                and s["STARTING"] >= 0]
+        return round(statistics.median(took), 2) if took else None
+
+
+async def scheduled_loop(url: str, items: list[dict], sends: list[float]) -> dict:
+    """Each request sent at its time in `sends` (s from the start); every answer's (send s, latency ms)."""
+    start, tasks = time.monotonic(), []
+
+    async def one(http, body, due):
+        await asyncio.sleep(max(0.0, start + due - time.monotonic()))
+        sent = time.monotonic() - start
+        status, latency_ms, end = await _post(http, url, body)
+        return sent, status, latency_ms, end - start
+
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as http:
+        tasks = [one(http, items[i % len(items)], due) for i, due in enumerate(sends)]
+        records = await asyncio.gather(*tasks)
+    ok = [(sent, lat) for sent, status, lat, _ in records if status == 200]
+    return {"sent": [round(s, 6) for s, *_ in records], "latencies": ok,
+            "errors": sum(1 for _, status, *_ in records if status != 200),
+            "last_end_s": max(end for *_, end in records)}
+
+
+def p95_by_step(latencies: list[tuple[float, float]]) -> dict[str, float]:
+    """The p95 of the whole run and of each step's requests (by send time), from (send s, latency ms)."""
+    out = {"all": round(percentile([ms for _, ms in latencies], 95), 1)}
+    for i, (start, rate) in enumerate(STEPS):
+        end = STEPS[i + 1][0] if i + 1 < len(STEPS) else DURATION_S
+        lats = [ms for sent, ms in latencies if start <= sent < end]
+        out[f"{rate:g}/s from {start:g} s"] = round(percentile(lats, 95), 1) if lats else None
+    return out
+
+
+def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate: float) -> tuple[dict, list]:
+    """The simulated run on the same sends, and its (send s, latency ms) pairs."""
+    settings = settings_from_config(ROOT / "serve_config.yaml")
+    for pool in POOLS:
+        settings[pool] = dataclasses.replace(settings[pool], autoscaling=Autoscaling.from_config(AUTOSCALING),
+                                             startup_s=startup_s)
+    workload = Workload.mutual(transfer_rate, profile["workload"]["stages"])
+    sim = Simulation(Profile.from_dict(profile), workload, {}, settings)
+    r = sim.run(duration_s=DURATION_S, warmup_s=0.0, arrivals=sends)
+    return r, [(arrived, latency_s * 1000) for arrived, latency_s, _ in sim.latencies]
+
+
+def figures(run: int, poller: ReplicaPoller, measured: dict, sim: dict, sim_latencies: list) -> list[dict]:
+    rows, horizon = [], int(measured["last_end_s"])
+    for pool in POOLS:
+        real_tl, sim_tl = poller.timeline(pool), sim["pools"][pool]["timeline"]
+        worst, at = 0, 0
+        for t in range(0, horizon + 1):
+            diff = replicas_at(sim_tl, t) - replicas_at(real_tl, t)
+            if abs(diff) > abs(worst):
+                worst, at = diff, t
+        rows.append({"run": run, "load": pool, "metric": "replicas (worst second)", "real": replicas_at(real_tl, at),
+                     "simulated": replicas_at(sim_tl, at), "error": worst, "tolerance": 1, "at_s": at,
+                     "within": abs(worst) <= 1})
+    real_p95 = p95_by_step(measured["latencies"])
+    sim_p95 = p95_by_step(sim_latencies)
+    for step in real_p95:
+        real, s = real_p95[step], sim_p95[step]
+        error = round(s / real - 1, 4) if real and s is not None else None
+        bar = step == "all"
+        rows.append({"run": run, "load": f"step {step}" if not bar else "whole run", "metric": "p95_ms", "real": real,
+                     "simulated": s, "error": error, "tolerance": P95_TOLERANCE if bar else None,
+                     "within": (error is not None and abs(error) <= P95_TOLERANCE) if bar else None})
+    return rows
+
+
+def print_run(run: int, rows: list[dict], startup_s: float, hops: dict) -> None:
+    print(f"run {run}: replica start-up {startup_s} s (STARTING -> RUNNING, median); hops per call {hops['calls']}")
+    for r in rows:
+        mark = "" if r["within"] is None else ("ok" if r["within"] else "MISS")
+        err = f"{r['error']:+d}" if isinstance(r["error"], int) else (f"{r['error']:+.1%}" if r["error"] is not None else "-")
+        print(f"  {r['load']:<22} {r['metric']:<24} real {r['real']!s:>8}  simulated {r['simulated']!s:>8}  {err:>7} {mark}")
+
+
+def run_once(run: int, app, items: list[dict], profile: dict, hops: dict) -> tuple[list[dict], dict]:
+    sends = step_arrivals(STEPS, DURATION_S, seed=run)
+    start = time.monotonic()
+    with ReplicaPoller(start) as poller:
+        measured = asyncio.run(scheduled_loop(app.url, items, sends))
+        time.sleep(2.0)
+    startup = poller.startup_s() or 0.0
+    sim, sim_latencies = simulated(profile, measured["sent"], startup, PACED_PROFILE["workload"]["transfer_rate"])
+    rows = figures(run, poller, measured, sim, sim_latencies)
+    print_run(run, rows, startup, hops)
+    return rows, {"run": run, "startup_s": startup, "hops": hops, "errors": measured["errors"],
+                  "real_timeline": {p: poller.timeline(p) for p in POOLS},
+                  "simulated": {p: sim["pools"][p] for p in POOLS},
+                  "real_latencies": measured["latencies"], "simulated_latencies": sim_latencies}
+
+
+def settle(poller_app: str = "tandem", timeout_s: float = 120.0) -> None:
+    """Wait until both autoscaled pools are back at one running replica (after a previous run)."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5) as http:
+        while time.monotonic() < deadline:
+            deps = serve_deployments(http, poller_app)
+            if all(len(deps[p]["replicas"]) == 1 and deps[p]["replicas"][0]["state"] == "RUNNING" for p in POOLS):
+                return
+            time.sleep(1.0)
+    raise TimeoutError("the autoscaled pools did not come back to one replica")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=1, help="step loads, one after another on the same app")
+    p.add_argument("--out", default=str(ROOT / "results"))
+    args = p.parse_args(argv)
+    out = Path(args.out) / f"autoscale-check-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(PACED_PROFILE, indent=1))
+    (out / "zero.json").write_text(json.dumps(zero_profile(PACED_PROFILE), indent=1))
+    print(f"autoscale_check: {args.runs} run(s) of an open loop in steps {STEPS} for {DURATION_S:.0f} s; "
+          f"{', '.join(POOLS)} autoscaled with {AUTOSCALING}")
+    items, rows, runs = bodies(64, seed=0), [], []
+    with paced_app(out / "profile.json", out / "zero.json", autoscaled=dict.fromkeys(POOLS, AUTOSCALING)) as app:
+        asyncio.run(closed_loop(app.url, items, 1, 3.0))  # warm-up, below the target
+        for run in range(1, args.runs + 1):
+            hops = measure_hops(app.url, items, 10.0)
+            settle()
+            time.sleep(AUTOSCALING["look_back_period_s"] + AUTOSCALING["metrics_interval_s"])
+            run_rows, detail = run_once(run, app, items, {**PACED_PROFILE, "calls": hops["calls"]}, hops)
+            rows += run_rows
+            runs.append(detail)
+    (out / "autoscale_check.json").write_text(json.dumps({"runs": runs, "figures": rows}, indent=1, default=str))
+    print(f"results: {out}")
+    bars = [r for r in rows if r["within"] is not None]
+    print(json.dumps({"engine": "paced", "autoscaling": AUTOSCALING,
+                      "figures": [{k: r[k] for k in ("run", "load", "metric", "real", "simulated", "error", "tolerance")}
+                                  for r in bars], "within": all(r["within"] for r in bars)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""Autoscaling in the simulator (capacity/autoscale.py): its policy is Serve's own, decision for
+decision; a simulated pool follows a step in load up and back down with the delays and start-up it
+is given, and loses no request on the way; the autoscale check's figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import pytest
+
+from capacity.autoscale import Decision, parse_steps, replicas_at, scaled, step_arrivals
+from capacity.profile import ROOT, Autoscaling, Profile, Workload, settings_from_config
+from tests.capacity.helpers import AGREE, profile_dict, settings
+
+
+def test_the_defaults_are_serves():
+    from ray.serve.config import AutoscalingConfig
+
+    serve = AutoscalingConfig()
+    ours = Autoscaling()
+    for field in dataclasses.fields(Autoscaling):
+        assert getattr(ours, field.name) == getattr(serve, field.name), field.name
+
+
+def test_scaling_factors_and_delays_decide_as_serves_policy_does():
+    from ray.serve.autoscaling_policy import _apply_delay_logic, _apply_scaling_factors
+    from ray.serve.config import AutoscalingConfig
+
+    rng = random.Random(7)
+    for up, down in ((None, None), (0.5, 0.3), (2.0, 1.0)):
+        cfg = Autoscaling(max_replicas=20, upscaling_factor=up, downscaling_factor=down, upscale_delay_s=0.5,
+                          downscale_delay_s=1.2)
+        serve_cfg = AutoscalingConfig(max_replicas=20, upscaling_factor=up, downscaling_factor=down,
+                                      upscale_delay_s=0.5, downscale_delay_s=1.2)
+        ours, state, target, wanted = Decision(cfg), {}, 3, 3.0
+        for tick in range(400):
+            now = tick * 0.1
+            running = max(1, target - rng.choice((0, 0, 1)))
+            if tick % 7 == 0:  # what the metrics ask for holds a while, as a look-back window's mean does
+                wanted = rng.choice((0.4, 1.0, 2.5, 3.0, 3.0, 3.0, 5.2, 9.0))
+            desired = scaled(wanted, running, cfg)
+            assert desired == _apply_scaling_factors(wanted, running, serve_cfg)
+            theirs, state = _apply_delay_logic(desired, target, serve_cfg, state, _now=now)
+            assert ours(desired, target, now) == theirs, (tick, desired, target)
+            target = theirs
+
+
+def _step_sim(startup_s: float = 2.0, **autoscaling):
+    """The test profile, its LargeAnswerer autoscaled (1 to 4 replicas, target 1 ongoing request), under
+    an open loop of 1 req/s, 40 req/s from 20 s, nothing from 60 s."""
+    from capacity.simulate import Simulation
+
+    a = Autoscaling(**{"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 1, "metrics_interval_s": 1.0,
+                       "look_back_period_s": 2.0, "upscale_delay_s": 3.0, "downscale_delay_s": 5.0, **autoscaling})
+    s = settings(max_batch_size=2)
+    s["LargeAnswerer"] = dataclasses.replace(s["LargeAnswerer"], autoscaling=a, startup_s=startup_s)
+    # Slow large steps: 40 req/s keeps several calls ongoing there.
+    p = Profile.from_dict(profile_dict(step=(20.0, 30.0)))
+    sim = Simulation(p, Workload.mutual(0.0, AGREE), {}, s)
+    sends = step_arrivals([(0, 1.0), (20, 40.0), (60, 0.0)], 60.0, seed=1)
+    r = sim.run(duration_s=60.0, warmup_s=0.0, arrivals=sends, drain_s=60.0)
+    return sim, r, sends
+
+
+def test_a_pool_follows_a_step_up_after_its_delay_and_down_after_its_own():
+    sim, r, sends = _step_sim()
+    pool = r["pools"]["LargeAnswerer"]
+    timeline, targets = pool["timeline"], pool["targets"]
+    assert timeline[0] == (0.0, 1) and replicas_at(timeline, 19.0) == 1  # 1 req/s: one replica
+    first_up = next(t for t, n in targets if n > 1)
+    assert 20 + 3.0 <= first_up < 20 + 3.0 + 2.0  # the step, the upscale delay, a push or two of metrics
+    assert max(n for _, n in timeline) == 4  # 40 req/s wants more than max_replicas
+    for t, n in timeline[1:]:  # each replica that came up did so start-up after a target that rose
+        if n > replicas_at(timeline, t - 1e-9):
+            assert any(abs(t - (tt + 2.0)) < 1e-6 for tt, _ in targets)
+    last_down = targets[-1]
+    assert targets[-1][1] == 1 and last_down[0] >= 60 + 5.0  # back to min, not before the downscale delay
+    # Nothing lost on the way: every request sent was answered or turned away.
+    assert r["completed"] + r["rejected"] + r["unfinished"] == len(sends) and r["unfinished"] == 0
+    assert 1 < pool["replicas_mean"] < 4
+    assert all(rep.died is not None for rep in sim.pools["LargeAnswerer"].retired)  # the retired loops ended
+
+
+def test_a_slower_start_delays_the_replicas_not_the_decision():
+    _, fast, _ = _step_sim(startup_s=0.5)
+    _, slow, _ = _step_sim(startup_s=8.0)
+    up = {k: next(t for t, n in r["pools"]["LargeAnswerer"]["timeline"] if n > 1) for k, r in (("fast", fast), ("slow", slow))}
+    decided = {k: next(t for t, n in r["pools"]["LargeAnswerer"]["targets"] if n > 1) for k, r in (("fast", fast), ("slow", slow))}
+    assert decided["fast"] == decided["slow"]
+    assert up["slow"] - up["fast"] == pytest.approx(7.5)
+    assert slow["p95_ms"] > fast["p95_ms"]
+
+
+def test_configs_autoscale_only_when_asked_and_scaling_to_zero_is_refused():
+    gpu = settings_from_config(ROOT / "serve_config.gpu.yaml")
+    assert all(s.autoscaling is None for s in gpu.values())
+    scaled_gpu = settings_from_config(ROOT / "serve_config.gpu.yaml", autoscaling=True)
+    assert scaled_gpu["SmallReasoner"].autoscaling.max_replicas > scaled_gpu["SmallReasoner"].autoscaling.min_replicas
+    with pytest.raises(ValueError, match="min_replicas"):
+        Autoscaling.from_config({"min_replicas": 0, "max_replicas": 2})
+
+
+def test_steps_parse_and_send_at_each_rate():
+    steps = parse_steps("0:2, 30:8,90:0")
+    assert steps == [(0.0, 2.0), (30.0, 8.0), (90.0, 0.0)]
+    sends = step_arrivals(steps, 120.0, seed=3)
+    assert 40 <= sum(1 for t in sends if t < 30) <= 80 and 400 <= sum(1 for t in sends if 30 <= t < 90) <= 560
+    assert not [t for t in sends if t >= 90]
+    for bad in ("5:2", "0:x", "0:-1", ""):
+        with pytest.raises(Exception, match="bad steps"):
+            parse_steps(bad)
+
+
+def test_the_simulate_command_autoscales_a_config(tmp_path, capsys):
+    from capacity.simulate import main
+
+    d = profile_dict(step=(20.0, 30.0)) | {"workload": {"policy": "mutual", "images": 1, "transfer_rate": 0.0,
+                                                        "stages": {k: {**v, "n": 10} for k, v in AGREE.items()}}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    args = ["--profile", str(path), "--config", str(ROOT / "serve_config.gpu.yaml"), "--rate-steps", "0:5,20:200",
+            "--duration-s", "40"]
+    assert main(args + ["--autoscale", "--startup-s", "SmallReasoner=1,LargeAnswerer=1"]) == 0
+    out = capsys.readouterr().out
+    r = json.loads(out.strip().splitlines()[-1])
+    assert "LargeAnswerer autoscaled" in out and len(r["pools"]["LargeAnswerer"]["timeline"]) > 1
+    assert main(args) == 0  # without --autoscale the pools keep their replicas
+    assert "timeline" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["pools"]["LargeAnswerer"]
+
+
+def test_the_check_reads_the_worst_second_and_the_whole_runs_p95():
+    from capacity.autoscale_check import STEPS, figures
+
+    class Poller:
+        def timeline(self, pool):
+            return [(0.2, 1), (5.4, 3)] if pool == "SmallReasoner" else [(0.2, 1), (40.0, 2)]
+
+    real = [(t, 100.0 + t) for t in range(0, 150)]
+    measured = {"last_end_s": 60.0, "latencies": real}
+    sim = {"pools": {"SmallReasoner": {"timeline": [(0.0, 1), (3.0, 3)]},
+                     "LargeAnswerer": {"timeline": [(0.0, 1), (39.0, 2), (45.0, 3)]}}}
+    rows = {(r["load"], r["metric"]): r for r in figures(1, Poller(), measured, sim, [(t, 1.1 * ms) for t, ms in real])}
+    small, large = rows[("SmallReasoner", "replicas (worst second)")], rows[("LargeAnswerer", "replicas (worst second)")]
+    assert (small["error"], small["at_s"], small["within"]) == (2, 3, False)  # 3 simulated, 1 real at 3 s and 4 s
+    assert (large["error"], large["within"]) == (1, True)
+    whole = rows[("whole run", "p95_ms")]
+    assert whole["error"] == pytest.approx(0.1, abs=1e-3) and whole["within"] and whole["tolerance"] == 0.2
+    assert sum(1 for load, metric in rows if load.startswith("step")) == len(STEPS)
