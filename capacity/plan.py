@@ -36,7 +36,9 @@ from pathlib import Path
 
 import yaml
 
-from capacity.profile import (GENERATORS, POOLS, PoolSettings, Profile, Workload, add_workload_args, settings_for,
+from capacity.autoscale import parse_steps
+from capacity.profile import (GENERATORS, POOLS, PoolSettings, Profile, Workload, add_workload_args, parse_seconds,
+                              settings_for, settings_from_config,
                               workload_for)
 from capacity.simulate import STEADY_PATHS, default_duration, simulate
 from tandem.cli import read_tandem_args
@@ -208,7 +210,12 @@ def overlay(replicas: dict[str, int], base: dict | None = None, max_in_flight: i
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_args(p)
-    p.add_argument("--rate", type=float, required=True, help="target arrivals per second (open loop)")
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rate", type=float, help="target arrivals per second (open loop)")
+    load.add_argument("--rate-steps", type=parse_steps,
+                      help="a traffic curve, e.g. 0:200,600:1000 (from s: req/s): plan autoscaling for it (capacity/plan_curve.py)")
+    p.add_argument("--startup-s", type=parse_seconds, default={},
+                   help="with --rate-steps: how long a new replica takes to come up, e.g. LargeAnswerer=90")
     p.add_argument("--p95-ms", type=float, required=True, help="the p95 latency SLO")
     p.add_argument("--max-rejection", type=float, default=0.001, help="largest share of 503s allowed")
     p.add_argument("--duration-s", type=float, default=None,
@@ -228,6 +235,8 @@ def main(argv=None) -> int:
                       duration_s=duration, seed=args.seed, host_cores=args.host_cores,
                       size_admission=not args.keep_admission,
                       calls=calls_at_once(load_tandem_config(read_tandem_args(args.config)).policy.speculative))
+    if args.rate_steps:
+        return curve_main(args, planner, duration)
     replicas, result = planner.plan(args.rate)
     max_in_flight = planner.settings_for(replicas, args.rate)["Router"].admit
     summary = {"benchmark": "plan", "rate_rps": args.rate, "p95_slo_ms": args.p95_ms,
@@ -267,6 +276,34 @@ def main(argv=None) -> int:
                                                  sort_keys=False))
         print(f"serve config {'(whole)' if base else 'overlay'}: {args.out}")
     print(json.dumps(summary))
+    return 0
+
+
+def curve_main(args, planner: Planner, duration: float) -> int:
+    from capacity.plan_curve import curve_overlay, plan_curve
+
+    steps = args.rate_steps
+    total = args.duration_s or steps[-1][0] + duration
+    delays = settings_from_config(args.config, autoscaling=True)
+    plan = plan_curve(planner, steps, total, startup_s=args.startup_s, delays={n: s.autoscaling for n, s in delays.items()})
+    r, max_in_flight = plan["result"], planner.settings_for(plan["peak_plan"], plan["peak_rate"])["Router"].admit
+    print(f"\nplan for the curve {steps} over {total:.0f} s, p95 <= {args.p95_ms} ms: "
+          + ", ".join(f"{n} {a['min_replicas']}-{a['max_replicas']} target {a['target_ongoing_requests']}"
+                      for n, a in plan["autoscaling"].items())
+          + f"; Routers {plan['peak_plan']['Router']}, admission limit {max_in_flight}; {plan['gpus_mean']:g} GPUs on "
+          f"average against {plan['gpus_peak_fixed']:g} fixed for the peak; predicted p95 {r['p95_ms']} ms, rejected "
+          f"{r['rejection_rate']:.2%}" + ("" if args.startup_s else " (replicas simulated ready at once: give --startup-s)"))
+    if args.out:
+        base = yaml.safe_load(Path(args.base).read_text()) if args.base else None
+        Path(args.out).write_text(f"# capacity.plan: the curve {steps}, p95 <= {args.p95_ms} ms, profile {args.profile}\n"
+                                  + yaml.safe_dump(curve_overlay(plan, max_in_flight, base), sort_keys=False))
+        print(f"serve config {'(whole)' if base else 'overlay'}: {args.out}")
+    print(json.dumps({"benchmark": "plan", "rate_steps": steps, "p95_slo_ms": args.p95_ms, "duration_s": total,
+                      "autoscaling": plan["autoscaling"], "routers": plan["peak_plan"]["Router"],
+                      "max_in_flight": max_in_flight, "gpus_mean": plan["gpus_mean"],
+                      "gpus_peak_fixed": plan["gpus_peak_fixed"], "predicted": {k: r[k] for k in ("p50_ms", "p95_ms", "rejection_rate")},
+                      "timelines": {n: r["pools"][n]["timeline"] for n in plan["autoscaling"]},
+                      "tried": plan["tried"], "simulations": planner.simulations + len(plan["tried"])}))
     return 0
 
 
