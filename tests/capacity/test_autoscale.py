@@ -143,8 +143,21 @@ def test_the_check_reads_the_worst_second_and_the_whole_runs_p95():
                      "LargeAnswerer": {"timeline": [(0.0, 1), (39.0, 2), (45.0, 3)]}}}
     rows = {(r["load"], r["metric"]): r for r in figures(1, Poller(), measured, sim, [(t, 1.1 * ms) for t, ms in real])}
     small, large = rows[("SmallReasoner", "replicas (worst second)")], rows[("LargeAnswerer", "replicas (worst second)")]
-    assert (small["error"], small["at_s"], small["within"]) == (2, 3, False)  # 3 simulated, 1 real at 3 s and 4 s
-    assert (large["error"], large["within"]) == (1, True)
+    assert (small["error"], small["at_s"], small["within"]) == (2, 3, False)  # 3 simulated, 1 real at 3, 4 and 5 s
+    assert (small["seconds_off"], small["seconds"]) == (3, 61)
+    assert (small["slack_s"], large["slack_s"]) == (2.0, 0.0)  # real 1 at 3, 4, 5 s: simulated 1 until 3.0 s
     whole = rows[("whole run", "p95_ms")]
     assert whole["error"] == pytest.approx(0.1, abs=1e-3) and whole["within"] and whole["tolerance"] == 0.2
     assert sum(1 for load, metric in rows if load.startswith("step")) == len(STEPS)
+
+
+def test_the_time_slack_is_how_far_the_simulated_scaling_is_from_the_real():
+    from capacity.autoscale_check import slack_s
+
+    sim = [(0.0, 1), (37.7, 2), (42.1, 3), (102.8, 2), (102.8, 1)]
+    seconds = range(0, 150)
+    assert slack_s([(0.05, 1), (39.7, 2), (41.2, 3), (102.5, 1)], sim, seconds) == 0.0
+    # 3 real at 103 s, simulated 1 from 102.8 s: within 1 of it until then
+    assert slack_s([(0.05, 1), (39.7, 2), (41.2, 3), (103.9, 1)], sim, seconds) == 0.2
+    assert slack_s([(0.05, 1), (35.0, 3), (102.5, 1)], sim, seconds) == 2.7  # 3 at 35 s, simulated 2 from 37.7 s
+    assert slack_s([(0.05, 1), (44.5, 3), (102.5, 1)], sim, seconds) == 1.9  # 1 at 44 s, simulated 2 until 42.1 s
