@@ -32,6 +32,7 @@ import copy
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 
 import yaml
@@ -235,9 +236,13 @@ def main(argv=None) -> int:
                       duration_s=duration, seed=args.seed, host_cores=args.host_cores,
                       size_admission=not args.keep_admission,
                       calls=calls_at_once(load_tandem_config(read_tandem_args(args.config)).policy.speculative))
-    if args.rate_steps:
-        return curve_main(args, planner, duration)
-    replicas, result = planner.plan(args.rate)
+    try:
+        if args.rate_steps:
+            return curve_main(args, planner, duration)
+        replicas, result = planner.plan(args.rate)
+    except RuntimeError as err:  # no plan within the search's steps: say so, not a traceback
+        print(f"plan: {err}", file=sys.stderr)
+        return 1
     max_in_flight = planner.settings_for(replicas, args.rate)["Router"].admit
     summary = {"benchmark": "plan", "rate_rps": args.rate, "p95_slo_ms": args.p95_ms,
                "transfer_rate": round(sum(s for n, s, _ in workload.paths if n == "transfer"), 4),
@@ -287,6 +292,9 @@ def curve_main(args, planner: Planner, duration: float) -> int:
     delays = settings_from_config(args.config, autoscaling=True)
     plan = plan_curve(planner, steps, total, startup_s=args.startup_s, delays={n: s.autoscaling for n, s in delays.items()})
     r, max_in_flight = plan["result"], planner.settings_for(plan["peak_plan"], plan["peak_rate"])["Router"].admit
+    if plan["peak_plan"] != plan["peak_plan_fixed"]:
+        print(f"the peak plan for {plan['peak_rate']} req/s ({planner._label(plan['peak_plan_fixed'])}) missed held over "
+              f"the curve: grown to {planner._label(plan['peak_plan'])}")
     print(f"\nplan for the curve {steps} over {total:.0f} s, p95 <= {args.p95_ms} ms: "
           + ", ".join(f"{n} {a['min_replicas']}-{a['max_replicas']} target {a['target_ongoing_requests']}"
                       for n, a in plan["autoscaling"].items())
@@ -300,6 +308,7 @@ def curve_main(args, planner: Planner, duration: float) -> int:
         print(f"serve config {'(whole)' if base else 'overlay'}: {args.out}")
     print(json.dumps({"benchmark": "plan", "rate_steps": steps, "p95_slo_ms": args.p95_ms, "duration_s": total,
                       "autoscaling": plan["autoscaling"], "routers": plan["peak_plan"]["Router"],
+                      "peak_plan": plan["peak_plan"], "peak_plan_fixed": plan["peak_plan_fixed"],
                       "max_in_flight": max_in_flight, "gpus_mean": plan["gpus_mean"],
                       "gpus_peak_fixed": plan["gpus_peak_fixed"], "predicted": {k: r[k] for k in ("p50_ms", "p95_ms", "rejection_rate")},
                       "timelines": {n: r["pools"][n]["timeline"] for n in plan["autoscaling"]},

@@ -200,3 +200,17 @@ def test_the_plan_command_writes_a_whole_config_that_serve_and_validate_config_a
     assert {name: deps[name]["num_replicas"] for name in planned} == planned
     assert written["applications"][0]["args"] == {**yaml.safe_load((ROOT / "serve_config.gpu.yaml").read_text())[
         "applications"][0]["args"], "http": written["applications"][0]["args"]["http"]}
+
+
+def test_a_plan_the_search_cannot_find_is_an_error_message_not_a_traceback(tmp_path, capsys):
+    from capacity.plan import main
+
+    d = profile_dict() | {"workload": {"policy": "mutual", "requests": 60, "images": 1, "transfer_rate": 0.3,
+                                       "stages": {k: {**v, "n": 60} for k, v in AGREE.items()}}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(d))
+    # An unloaded request takes tens of ms: no replica count answers within 1 ms.
+    assert main(["--profile", str(path), "--rate", "20", "--p95-ms", "1", "--duration-s", "5",
+                 "--config", str(ROOT / "serve_config.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("plan: no plan meets p95 1.0 ms") and "Traceback" not in err
