@@ -141,6 +141,16 @@ class Planner:
             return "Router"
         return worst
 
+    def grow(self, replicas: dict[str, int], result: dict, rate: float) -> dict[str, int]:
+        """A plan that missed in `result`, grown: its bottleneck pool by ~10 %; the Routers to at least
+        the slots Little's law asks of what was measured (the rate times the mean latency, +25 %)."""
+        worst = self.bottleneck(result)
+        grown = replicas[worst] + max(1, round(replicas[worst] * 0.1))
+        if worst == "Router" and result["completed"]:
+            need = rate * result["mean_ms"] / 1000 * 1.25 / router_slots(self.settings_for(replicas, rate)["Router"])
+            grown = max(grown, math.ceil(need))
+        return {**replicas, worst: grown}
+
     def plan(self, rate: float, max_iterations: int = 60) -> tuple[dict[str, int], dict]:
         replicas = lower_bound(self.profile, self.workload, self.settings, rate)
         # Little's law: the Routers hold every request for its whole latency, at least an unloaded one.
@@ -155,13 +165,7 @@ class Planner:
         for _ in range(max_iterations):
             if self.meets(result):
                 break
-            worst = self.bottleneck(result)
-            grown = replicas[worst] + max(1, round(replicas[worst] * 0.1))
-            if worst == "Router" and result["completed"]:
-                # Little's law on what was measured: slots for the rate times the mean latency, +25 %.
-                need = rate * result["mean_ms"] / 1000 * 1.25 / router_slots(self.settings_for(replicas, rate)["Router"])
-                grown = max(grown, math.ceil(need))
-            replicas[worst] = grown
+            replicas = self.grow(replicas, result, rate)
             result = self.evaluate(replicas, rate)
         else:
             raise RuntimeError(f"no plan meets p95 {self.p95_ms} ms within {max_iterations} steps; last "

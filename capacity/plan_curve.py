@@ -86,8 +86,7 @@ def held_peak(runs: CurveRuns, peak: dict[str, int], pools: list[str], max_growt
         configs, r = runs({n: peak[n] for n in pools}, peak, FACTORS[0])
         if planner.meets(r):
             return peak, configs, r
-        worst = planner.bottleneck(r)
-        peak = {**peak, worst: peak[worst] + max(1, round(peak[worst] * 0.1))}
+        peak = planner.grow(peak, r, runs.peak_rate)
     raise RuntimeError(f"no plan meets p95 {planner.p95_ms} ms over the curve, even held at its peak, within "
                        f"{max_growth} steps; last {planner._label(peak)}: p95 {r['p95_ms']} ms")
 
