@@ -37,8 +37,7 @@ def test_ask_json(policy, path):
 
 
 def test_build_tiny_command(tmp_path):
-    subprocess.run([sys.executable, "-m", "tandem.cli", "build-tiny", str(tmp_path / "ck"), "--size", "small"],
-                   check=True, capture_output=True)
+    run_ok([sys.executable, "-m", "tandem.cli", "build-tiny", str(tmp_path / "ck"), "--size", "small"])
     assert (tmp_path / "ck" / "model.safetensors").exists() and (tmp_path / "ck" / "processor_config.json").exists()
 
 
