@@ -207,7 +207,8 @@ class DecodeLoop:
                 if new:
                     state, rows = self._prefill(state, rows, new)
                 if rows:
-                    state, rows = self._step(state, rows)
+                    self.engine.advance(state, [r.ids[-1] for r in rows])
+                    state, rows = self._choose(state, rows)
             except Exception as err:  # an engine failure fails the rows it touched, never the loop
                 logger.exception("%s: decoding step failed", self.name)
                 for row in rows + new:
@@ -263,6 +264,10 @@ class DecodeLoop:
             return state, rows
         for row, p in zip(admitted, prepared):
             row.prompt_tokens, row.cached_tokens = p.prompt_tokens, p.cached_tokens
+        # Their first tokens now, from the prefill's scores: a row that ends there never joins.
+        fresh, admitted = self._choose(fresh, admitted)
+        if not admitted:
+            return state, rows
         return (self.engine.join(state, fresh) if state is not None else fresh), rows + admitted
 
     def _prefill_rows(self, admitted: list[Row], prepared: list[Prepared]):
@@ -288,7 +293,12 @@ class DecodeLoop:
             kept_prepared.append(p)
         return state, kept, kept_prepared
 
-    def _step(self, state, rows):
+    def _choose(self, state, rows):
+        """Each row's next token from the scores the last forward pass left in `state` (the joining
+        rows' prefill, or the batch's decoding step), chosen as soon as that pass ends: every token is
+        handed on, and every finished row leaves, before the loop spends time on anything else — a
+        row's last token never waits for the prefill of rows joining after it. Returns the state and
+        rows still decoding."""
         choices = self.engine.choose(state, [r.request.sampling for r in rows])
         now = time.perf_counter()
         for row, choice in zip(rows, choices):
@@ -319,8 +329,6 @@ class DecodeLoop:
         if len(keep) < len(rows):
             state = self.engine.keep(state, keep) if keep else None
             rows = [rows[i] for i in keep]
-        if rows:
-            self.engine.advance(state, [r.ids[-1] for r in rows])
         return state, rows
 
     # --- row bookkeeping ------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """Streaming and batching semantics in process, with fake engines whose decode step costs a fixed
 time whatever the batch size (as on a GPU): what streams for each policy, that reasoning streams
 only when asked and only on the path that uses it, that a short request is not held behind a long
-one, and that cancelled rows stop decoding."""
+one, that a finished row never waits for the prefill of rows joining after it, and that cancelled
+rows stop decoding."""
 
 import asyncio
+import queue
+import threading
 import time
 
 import pytest
@@ -14,7 +17,7 @@ from tandem.engines.fake import FakeEngine
 from tandem.local import local_stages
 from tandem.openai_api import AnswerStream
 from tandem.pipeline import Pipeline
-from tandem.schemas import AskRequest, GenerationRequest, SamplingParams
+from tandem.schemas import AskRequest, GenerationRequest, SamplingParams, TokenDelta
 
 from tests.conftest import make_png
 
@@ -87,6 +90,42 @@ async def test_a_short_request_is_not_held_behind_a_long_one():
     assert waited < (10 + 8) * 0.01 + 0.1, waited
     assert short.batch_size == 2
     assert (await long).completion_tokens == 200
+
+
+class GatedEngine(FakeEngine):
+    """A fake whose decoding step waits for `step_go`, and whose prefill of a "late" prompt waits for
+    `release`: the test decides what is pending when a step ends."""
+
+    def __init__(self):
+        super().__init__("large", lambda prompt: "a")
+        self.in_step, self.step_go, self.release = threading.Event(), threading.Event(), threading.Event()
+
+    def prefill(self, requests, prepared):
+        if any("late" in r.prompt for r in requests):
+            assert self.release.wait(10)
+        return super().prefill(requests, prepared)
+
+    def advance(self, state, token_ids):
+        self.in_step.set()
+        assert self.step_go.wait(10)
+        super().advance(state, token_ids)
+
+
+def test_a_finished_row_is_answered_before_the_next_joiners_prefill():
+    engine, events = GatedEngine(), queue.Queue()
+    engine.loop.submit(GenerationRequest("first", [], SamplingParams(8), request_id="first"), events.put)
+    try:
+        assert engine.in_step.wait(5)  # "first" has its one word and is in the step that yields its stop
+        late = engine.loop.submit(GenerationRequest("late", [], SamplingParams(8), request_id="late"), lambda e: None)
+        engine.step_go.set()
+        outputs = []
+        while not outputs:
+            event = events.get(timeout=5)  # with the late prefill still held
+            outputs += [event] if not isinstance(event, TokenDelta) else []
+        assert outputs[0].text == "a" and outputs[0].finish_reason == "stop"
+        assert not late.done
+    finally:
+        engine.release.set()
 
 
 async def test_mutual_agreement_stops_the_speculative_reasoning_within_a_few_steps():
