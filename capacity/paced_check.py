@@ -11,7 +11,8 @@ latencies at concurrency 1 are the cost of Serve's own hops, from which the per-
 simulator charges are taken (`calls`), measured in the same run. Then, per run: closed loops at 1,
 4 and 16 and an open loop at `--open-fraction` of the throughput measured at 16, each simulated
 with the same profile, settings and (for the open loop) arrival times. Bars: throughput and p50
-within ±15 %, p95 within ±20 %, in every run. Prints a table per run and ends with one JSON line:
+within ±15 %, p95 within ±20 %, in every run. Prints a table per run, each stage call's mean time
+real and simulated under it (where a miss comes from), and ends with one JSON line:
 {"engine": "paced", "figures": [{"run", "load", "metric", "real", "simulated", "error", "tolerance"}...],
 "within": true|false}.
 """
@@ -150,6 +151,16 @@ def print_run(run: int, rows: list[dict]) -> None:
               f"{r['error']:>+7.1%} {'ok' if r['within'] else 'MISS'} (±{r['tolerance']:.0%})")
 
 
+def print_stages(points: list[dict]) -> None:
+    """Each stage call's mean time, real (the traces' `latency_ms`) / simulated, per load: where a
+    miss comes from, stage by stage."""
+    print("       stage calls, mean ms real/simulated:")
+    for p in points:
+        real, sim = p["measured"].get("stage_ms", {}), p["simulated"].get("stage_ms", {})
+        print(f"       {p['load']:<16} " + ", ".join(f"{name} {real[name]:.0f}/{sim[name]:.0f}"
+                                                    for name in real if name in sim))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=3, help="consecutive runs, each every load")
@@ -181,6 +192,7 @@ def main(argv=None) -> int:
             print(f"hops (zero-time copies, c=1): agree {hops['agree_p50_ms']} ms, transfer "
                   f"{hops['transfer_p50_ms']} ms -> per call {hops['calls']}")
             print_run(run, run_rows)
+            print_stages(points)
             rows += run_rows
             runs.append({"run": run, "hops": hops, "points": [{k: v for k, v in pt.items()} for pt in points]})
     (out / "sim_check.json").write_text(json.dumps({"runs": runs, "figures": rows}, indent=1, default=str))

@@ -16,10 +16,11 @@ if TYPE_CHECKING:
     from capacity.simulate import Simulation
 
 class Request:
-    __slots__ = ("arrived", "phases", "phase", "pending", "failed", "replica", "path", "in_flight")
+    __slots__ = ("arrived", "phases", "phase", "pending", "failed", "replica", "path", "in_flight", "phase_started")
 
     def __init__(self, arrived: float, path: str, phases):
         self.arrived, self.path, self.phases = arrived, path, phases
+        self.phase_started = arrived  # when its current phase's calls were sent (their stage times start there)
         self.phase, self.pending, self.failed, self.replica = 0, 0, False, None  # replica: its Router
         self.in_flight = False  # counted among the requests in flight (the Router took it)
 

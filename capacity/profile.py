@@ -116,6 +116,7 @@ class Call:
     role: str            # "small" | "large"
     prompt_tokens: int = 0
     steps: int = 0
+    stage: str = ""      # as the app's trace names it (`latency_ms`): the simulation times it by that name
 
 
 Phase = tuple[Call, ...]  # calls that run concurrently; the next phase starts when all are done
@@ -147,8 +148,9 @@ class Workload:
 
         def gen(name: str) -> Call:
             return Call("generate", name.split("_")[0], max(1, round(st[name]["prompt_tokens"])),
-                        max(1, round(st[name]["decode_steps"])))
-        head = ((Call("vision", "small"), Call("vision", "large")),) if images else ()
+                        max(1, round(st[name]["decode_steps"])), name)
+        head = ((Call("vision", "small", stage="encode_small"), Call("vision", "large", stage="encode_large")),) \
+            if images else ()
         stage1 = head + ((gen("small_direct"), gen("large_direct")),)
         stage2 = ((gen("small_reasoning"),), (gen("large_transfer"),))
         return cls([("agree", 1 - transfer_rate, stage1), ("transfer", transfer_rate, stage1 + stage2)], images)

@@ -64,7 +64,9 @@ def summarise(self: Simulation, rate, concurrency, duration_s: float, warmup: fl
             "p99_ms": round(percentile(lat, 99), 2), "completed": len(lat), "rejected": rejected,
             "unfinished": unfinished,
             "rejection_rate": round(rejected / arrived, 4) if arrived else 0.0,
-            "paths": paths, "pools": pools, **cpu, "wall_s": round(wall_s, 2)}
+            "paths": paths, "pools": pools, **cpu,
+            "stage_ms": {stage: round(1000 * s / n, 1) for stage, (n, s) in sorted(self.stage_s.items()) if stage},
+            "wall_s": round(wall_s, 2)}
 
 
 def print_result(r: dict) -> None:

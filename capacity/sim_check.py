@@ -107,6 +107,7 @@ async def closed_loop(url: str, items: list[dict], concurrency: int, duration_s:
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=concurrency)) as http:
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
     return {**_summary(records, start + 0.1 * duration_s, start + duration_s), "workload": traces.workload(),
+            "stage_ms": traces.stage_means(),
             "answered": sum(1 for status, _, _ in records if status == 200), "turned_away": dict(away)}
 
 
@@ -120,6 +121,7 @@ async def open_loop(url: str, items: list[dict], rate: float, duration_s: float,
     # The send times, for the simulator to replay: a minute of Poisson arrivals near saturation is a
     # draw (which bursts come when), and the two should be compared on the same one.
     return {**open_loop_summary(records, start, duration_s), "workload": traces.workload(),
+            "stage_ms": traces.stage_means(),
             "answered": sum(1 for _, (status, _, _) in records if status == 200), "turned_away": dict(away),
             "offered_rps": round(len(records) / duration_s, 3),
             "arrivals_s": [round(sent - start, 6) for sent, _ in records]}

@@ -169,10 +169,14 @@ class Traces:
         self.paths: list[str] = []
         self.stages: dict[str, list[tuple[int, int]]] = {}
         self.degraded = 0  # answered by the large model alone: the small model's pool shed them
+        self.stage_ms: dict[str, list[float]] = {}  # each stage call's time as the Router saw it
 
     def add(self, trace: dict) -> None:
         self.paths.append(trace["path"])
         self.degraded += bool(trace.get("degraded"))
+        for name, ms in trace.get("latency_ms", {}).items():
+            if name not in ("total", "selector"):
+                self.stage_ms.setdefault(name, []).append(ms)
         for name, s in trace.get("stages", {}).items():
             self.stages.setdefault(name, []).append((s["prompt_tokens"], s["decode_steps"]))
 
@@ -185,6 +189,10 @@ class Traces:
                                   "decode_steps": round(statistics.mean(s for _, s in v), 2), "n": len(v)}
                            for name, v in sorted(self.stages.items())},
                 "degraded": self.degraded}
+
+    def stage_means(self) -> dict[str, float]:
+        """Each stage call's mean ms from its send to its end (what the simulation reports as `stage_ms`)."""
+        return {name: round(statistics.mean(v), 1) for name, v in sorted(self.stage_ms.items())}
 
 
 def measure_app(url: str, n: int, seed: int = 0) -> tuple[float, dict, dict, dict, list[tuple[str, int, int, float]]]:

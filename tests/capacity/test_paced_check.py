@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from capacity.paced_check import PACED_PROFILE, figures, hop_costs, zero_profile
+from capacity.paced_check import PACED_PROFILE, figures, hop_costs, print_stages, zero_profile
 from capacity.profile import ROOT, Profile, Workload, settings_from_config
 from capacity.simulate import simulate
 
@@ -37,3 +37,10 @@ def test_the_paced_profile_simulates_and_the_figures_carry_the_bars():
     rows = figures(1, [point])
     assert [(r["metric"], r["within"]) for r in rows] == [("throughput_rps", True), ("p50_ms", False), ("p95_ms", True)]
     assert rows[1]["error"] == pytest.approx(0.2) and rows[2]["tolerance"] == 0.2
+
+
+def test_each_loads_stage_calls_print_real_beside_simulated(capsys):
+    points = [{"load": "closed c=16", "measured": {"stage_ms": {"encode_small": 131.2, "small_direct": 830.4}},
+               "simulated": {"stage_ms": {"encode_small": 137.4, "small_direct": 841.9, "large_direct": 771.8}}}]
+    print_stages(points)
+    assert "closed c=16      encode_small 131/137, small_direct 830/842" in capsys.readouterr().out

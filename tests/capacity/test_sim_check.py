@@ -55,6 +55,18 @@ def test_a_load_reports_the_workload_its_answers_carried():
     assert dict((name, share) for name, share, _ in sim.paths) == {"agree": 0.5, "transfer": 0.5}
 
 
+def test_a_load_reports_each_stage_calls_mean_time_from_the_traces():
+    """What the paced check sets beside the simulation's `stage_ms`: the Router's per-stage times, the
+    total and the selector (not calls) left out."""
+    from capacity.stage_profile import Traces
+
+    traces = Traces()
+    traces.add({"path": "agree", "latency_ms": {"encode_small": 30.0, "small_direct": 100.0, "total": 140.0}})
+    traces.add({"path": "transfer", "latency_ms": {"encode_small": 50.0, "small_direct": 200.0,
+                                                   "small_reasoning": 900.0, "selector": 0.1, "total": 1300.0}})
+    assert traces.stage_means() == {"encode_small": 40.0, "small_direct": 150.0, "small_reasoning": 900.0}
+
+
 def test_the_check_compares_a_loads_cpu_with_the_profiles_for_as_many_in_flight():
     """sim_check's speed diagnostic: the profile's CPU per request at 1 in flight, at its busier
     count, linear between and flat beyond — as the simulator charges it."""

@@ -31,6 +31,9 @@ def test_one_request_at_a_time_takes_exactly_the_sum_of_its_stages():
     transfer = simulate(p, Workload.mutual(1.0, AGREE), {}, settings(), concurrency=1, duration_s=20)
     assert transfer["p50_ms"] == pytest.approx(31 + 45 + 22, abs=1e-6)
     assert transfer["paths"] == {"transfer": transfer["completed"]}
+    # Each stage call's time from its send to its end, named as the app's trace names them.
+    assert transfer["stage_ms"] == {"encode_large": 8.0, "encode_small": 8.0, "large_direct": 22.0,
+                                    "large_transfer": 22.0, "small_direct": 11.0, "small_reasoning": 45.0}
     # Closed loop: throughput is concurrency over latency (Little's law).
     assert agree["throughput_rps"] == pytest.approx(1000 / 31, rel=0.02)
 
