@@ -65,7 +65,7 @@ def summarise(self: Simulation, rate, concurrency, duration_s: float, warmup: fl
             "unfinished": unfinished,
             "rejection_rate": round(rejected / arrived, 4) if arrived else 0.0,
             "paths": paths, "pools": pools, **cpu,
-            "stage_ms": {stage: round(1000 * s / n, 1) for stage, (n, s) in sorted(self.stage_s.items()) if stage},
+            "stage_ms": {stage: round(1000 * s / n, 1) for stage, (n, s) in sorted(self.stage_s.items()) if stage and n},
             "wall_s": round(wall_s, 2)}
 
 

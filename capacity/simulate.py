@@ -85,10 +85,12 @@ class Simulation:
         # pools' queueing times, 0.2 GB of its 0.34 GB as floats in lists).
         self.arrivals, self.latency_s, self.paths = array("d"), array("d"), []
         self.done_times, self.rejected = array("d"), array("d")
-        self.stage_s: dict[str, list] = {}  # per stage: [calls ended, their seconds from send to end]
         # Each path's phases as (call, its pool, copies, overhead s) — looked up once, not per call.
         self._choices = [(name, share, tuple(tuple(self._plan(c) for c in phase) for phase in phases))
                          for name, share, phases in workload.paths if share > 0]
+        # Per stage: [calls ended, their seconds from send to end] — one entry per stage the paths call.
+        self.stage_s: dict[str, list] = {call.stage: [0, 0.0] for _, _, phases in self._choices
+                                         for phase in phases for call, *_ in phase}
         self._cum = []
         total = 0.0
         for _, share, _ in self._choices:
@@ -246,9 +248,7 @@ class Simulation:
         if req.failed:
             return
         # The call's time as the app's trace measures a stage: from its send (overhead included) to its end.
-        timed = self.stage_s.get(job.call.stage)
-        if timed is None:
-            timed = self.stage_s[job.call.stage] = [0, 0.0]
+        timed = self.stage_s[job.call.stage]
         timed[0] += 1
         timed[1] += self.env.now - req.phase_started
         req.pending -= 1
