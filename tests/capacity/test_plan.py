@@ -12,6 +12,7 @@ from capacity.profile import (ROOT, Profile, Workload)
 from capacity.simulate import STEADY_PATHS, default_duration, simulate
 from capacity.plan import Planner, admission_limit, gpus, lower_bound, overlay
 from tests.capacity.helpers import AGREE, profile, profile_dict, settings
+from tests.commands import PY, run_ok
 
 
 def test_an_overloaded_open_loop_counts_what_its_drain_left_unanswered_and_no_plan_passes_with_it():
@@ -178,24 +179,16 @@ def test_a_planned_admission_limit_comes_with_model_queues_that_hold_it(tmp_path
 def test_the_plan_command_writes_a_whole_config_that_serve_and_validate_config_accept(tmp_path):
     """`--base CONFIG --out FILE`: the file is a serve config as `serve deploy` reads it (Serve's own
     schema) and as `tandem validate-config` checks it, with the planned replicas in it."""
-    import subprocess
-    import sys
-
     from ray.serve.schema import ServeDeploySchema
 
-    def run(*args):
-        done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return done.stdout
-
-    run("capacity.stage_profile", "--estimate", "cluster", "--out", str(tmp_path / "P.json"))
-    out = run("capacity.plan", "--profile", str(tmp_path / "P.json"), "--rate", "20", "--p95-ms", "30000",
-              "--transfer-rate", "0.137", "--config", "serve_config.gpu.yaml", "--base", "serve_config.gpu.yaml",
-              "--out", str(tmp_path / "plan.yaml"))
+    run_ok(PY, "-m", "capacity.stage_profile", "--estimate", "cluster", "--out", str(tmp_path / "P.json"))
+    out = run_ok(PY, "-m", "capacity.plan", "--profile", str(tmp_path / "P.json"), "--rate", "20", "--p95-ms", "30000",
+                 "--transfer-rate", "0.137", "--config", "serve_config.gpu.yaml", "--base", "serve_config.gpu.yaml",
+                 "--out", str(tmp_path / "plan.yaml")).stdout
     planned = json.loads(out.strip().splitlines()[-1])["replicas"]
     written = yaml.safe_load((tmp_path / "plan.yaml").read_text())
     ServeDeploySchema.model_validate(written)
-    run("tandem.cli", "validate-config", str(tmp_path / "plan.yaml"))
+    run_ok(PY, "-m", "tandem.cli", "validate-config", str(tmp_path / "plan.yaml"))
     deps = {d["name"]: d for d in written["applications"][0]["deployments"]}
     assert {name: deps[name]["num_replicas"] for name in planned} == planned
     assert written["applications"][0]["args"] == {**yaml.safe_load((ROOT / "serve_config.gpu.yaml").read_text())[

@@ -5,8 +5,6 @@ higher floor when no target can follow a step, and a whole config Serve and vali
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import yaml
 
@@ -14,6 +12,7 @@ from capacity.plan import Planner
 from capacity.plan_curve import FACTORS, curve_overlay, plan_curve
 from capacity.profile import ROOT, Autoscaling, Profile, Workload
 from tests.capacity.helpers import AGREE, profile_dict, settings
+from tests.commands import PY, run_ok
 
 STEPS = [(0.0, 20.0), (20.0, 120.0), (50.0, 20.0)]
 
@@ -91,20 +90,15 @@ def test_the_curve_overlay_keeps_the_bases_delays():
 def test_the_curve_plan_command_writes_a_whole_config_that_serve_and_validate_config_accept(tmp_path):
     from ray.serve.schema import ServeDeploySchema
 
-    def run(*args):
-        done = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return done.stdout
-
-    run("capacity.stage_profile", "--estimate", "cluster", "--out", str(tmp_path / "P.json"))
-    out = run("capacity.plan", "--profile", str(tmp_path / "P.json"), "--rate-steps", "0:5,60:20,150:5",
-              "--duration-s", "240", "--p95-ms", "30000", "--transfer-rate", "0.137", "--startup-s", "LargeAnswerer=30",
-              "--config", "serve_config.gpu.yaml", "--base", "serve_config.gpu.yaml", "--out", str(tmp_path / "plan.yaml"))
+    run_ok(PY, "-m", "capacity.stage_profile", "--estimate", "cluster", "--out", str(tmp_path / "P.json"))
+    out = run_ok(PY, "-m", "capacity.plan", "--profile", str(tmp_path / "P.json"), "--rate-steps", "0:5,60:20,150:5",
+                 "--duration-s", "240", "--p95-ms", "30000", "--transfer-rate", "0.137", "--startup-s", "LargeAnswerer=30",
+                 "--config", "serve_config.gpu.yaml", "--base", "serve_config.gpu.yaml", "--out", str(tmp_path / "plan.yaml")).stdout
     planned = json.loads(out.strip().splitlines()[-1])
     assert "GPUs on average against" in out
     written = yaml.safe_load((tmp_path / "plan.yaml").read_text())
     ServeDeploySchema.model_validate(written)
-    run("tandem.cli", "validate-config", str(tmp_path / "plan.yaml"))
+    run_ok(PY, "-m", "tandem.cli", "validate-config", str(tmp_path / "plan.yaml"))
     deps = {d["name"]: d for d in written["applications"][0]["deployments"]}
     for name, a in planned["autoscaling"].items():
         assert {k: deps[name]["autoscaling_config"][k] for k in a} == a and "num_replicas" not in deps[name]

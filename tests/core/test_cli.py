@@ -3,28 +3,20 @@ the path, per-stage latency and tokens, and they agree with each other."""
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+from tests.commands import PY, ROOT, run_ok
 
-
-def run_ok(cmd: list[str]) -> subprocess.CompletedProcess:
-    """The command run to success; a failure shows what the process said on stderr, which
-    `check=True` alone would swallow (a crash at exit leaves nothing else to go on)."""
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    assert out.returncode == 0, f"{cmd[2:4]} exited {out.returncode}; stderr:\n{out.stderr[-4000:]}"
-    return out
+EXAMPLES = ROOT / "examples"
 
 
 @pytest.mark.parametrize("policy, path", [("mutual", {"agree", "transfer"}), ("large", {"large"}),
                                           ("always", {"transfer"})])
 def test_ask_json(policy, path):
     sample = json.loads((EXAMPLES / "grid.json").read_text())
-    out = run_ok([sys.executable, "-m", "tandem.cli", "ask", "--image", str(EXAMPLES / sample["image"]),
-                  "--policy", policy, "--json", sample["prompt"]])
+    out = run_ok(PY, "-m", "tandem.cli", "ask", "--image", str(EXAMPLES / sample["image"]),
+                 "--policy", policy, "--json", sample["prompt"])
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["policy"] == policy and result["path"] in path
     assert isinstance(result["answer"], str)
@@ -37,14 +29,14 @@ def test_ask_json(policy, path):
 
 
 def test_build_tiny_command(tmp_path):
-    run_ok([sys.executable, "-m", "tandem.cli", "build-tiny", str(tmp_path / "ck"), "--size", "small"])
+    run_ok(PY, "-m", "tandem.cli", "build-tiny", str(tmp_path / "ck"), "--size", "small")
     assert (tmp_path / "ck" / "model.safetensors").exists() and (tmp_path / "ck" / "processor_config.json").exists()
 
 
 def test_ask_takes_a_policy_parameter_and_refuses_a_bad_one():
     sample = json.loads((EXAMPLES / "grid.json").read_text())
-    cmd = [sys.executable, "-m", "tandem.cli", "ask", "--image", str(EXAMPLES / sample["image"]), "--json"]
-    out = run_ok(cmd + ["--policy", "confidence@0.99", "--reasoning-max-tokens", "4", sample["prompt"]])
+    cmd = [PY, "-m", "tandem.cli", "ask", "--image", str(EXAMPLES / sample["image"]), "--json"]
+    out = run_ok(*cmd, "--policy", "confidence@0.99", "--reasoning-max-tokens", "4", sample["prompt"])
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["params"] == {"threshold": 0.99}
     assert result["path"] == "large" or result["tokens"]["small_reasoning"] <= 4
