@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import functools
 import json
 import os
 import statistics
@@ -125,18 +126,20 @@ async def scheduled_loop(url: str, items: list[dict], sends: list[float]) -> dic
     start, tasks = time.monotonic(), []
 
     away = collections.Counter()
+    paths: list[str | None] = [None] * len(sends)  # each send's path, once answered
 
-    async def one(http, body, due):
+    async def one(http, body, i, due):
         await asyncio.sleep(max(0.0, start + due - time.monotonic()))
         sent = time.monotonic() - start
-        status, latency_ms, end = await _post(http, url, body, turned_away=away)
+        status, latency_ms, end = await _post(http, url, body, turned_away=away,
+                                              took=functools.partial(paths.__setitem__, i))
         return sent, status, latency_ms, end - start
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as http:
-        tasks = [one(http, items[i % len(items)], due) for i, due in enumerate(sends)]
+        tasks = [one(http, items[i % len(items)], i, due) for i, due in enumerate(sends)]
         records = await asyncio.gather(*tasks)
     ok = [(sent, lat) for sent, status, lat, _ in records if status == 200]
-    return {"sent": [round(s, 6) for s, *_ in records], "latencies": ok,
+    return {"sent": [round(s, 6) for s, *_ in records], "paths": paths, "latencies": ok,
             "errors": dict(collections.Counter(str(status) for _, status, *_ in records if status != 200)),
             "turned_away": dict(away),
             "last_end_s": max(end for *_, end in records)}
@@ -152,15 +155,16 @@ def p95_by_step(latencies: list[tuple[float, float]]) -> dict[str, float]:
     return out
 
 
-def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate: float) -> tuple[dict, list]:
-    """The simulated run on the same sends, and its (send s, latency ms) pairs."""
+def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate: float,
+              paths: list[str | None] | None = None) -> tuple[dict, list]:
+    """The simulated run on the same sends (each on its path where known), and its (send s, latency ms) pairs."""
     settings = settings_from_config(ROOT / "serve_config.yaml")
     for pool in POOLS:
         settings[pool] = dataclasses.replace(settings[pool], autoscaling=Autoscaling.from_config(AUTOSCALING),
                                              startup_s=startup_s)
     workload = Workload.mutual(transfer_rate, profile["workload"]["stages"])
     sim = Simulation(Profile.from_dict(profile), workload, {}, settings)
-    r = sim.run(duration_s=DURATION_S, warmup_s=0.0, arrivals=sends)
+    r = sim.run(duration_s=DURATION_S, warmup_s=0.0, arrivals=sends, paths=paths)
     return r, [(arrived, latency_s * 1000) for arrived, latency_s, _ in sim.latencies]
 
 
@@ -216,7 +220,8 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict) -> tup
         measured = asyncio.run(scheduled_loop(app.url, items, sends))
         time.sleep(2.0)
     startup = poller.startup_s() or 0.0
-    sim, sim_latencies = simulated(profile, measured["sent"], startup, PACED_PROFILE["workload"]["transfer_rate"])
+    sim, sim_latencies = simulated(profile, measured["sent"], startup, PACED_PROFILE["workload"]["transfer_rate"],
+                                   measured["paths"])
     rows = figures(run, poller, measured, sim, sim_latencies)
     print_run(run, rows, startup, hops)
     poll = {"median_s": round(statistics.median(poller.took), 3), "max_s": round(max(poller.took), 3)} if poller.took else {}

@@ -130,7 +130,7 @@ def simulated(profile: dict, point: dict, settings: dict, duration_s: float) -> 
         return simulate(Profile.from_dict(profile), workload, replicas, settings, concurrency=point["concurrency"],
                         duration_s=SIM_LONGER * duration_s, warmup_s=0.1 * duration_s)
     return simulate(Profile.from_dict(profile), workload, replicas, settings, duration_s=duration_s,
-                    warmup_s=0.1 * duration_s, arrivals=m["arrivals_s"])
+                    warmup_s=0.1 * duration_s, arrivals=m["arrivals_s"], paths=m.get("paths"))
 
 
 def figures(run: int, points: list[dict]) -> list[dict]:

@@ -44,12 +44,14 @@ import argparse
 import asyncio
 import collections
 import dataclasses
+import functools
 import json
 import math
 import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -81,7 +83,8 @@ def turned_away_by(body: str) -> str:
 
 
 async def _post(http: httpx.AsyncClient, url: str, body: dict, traces: Traces | None = None,
-                turned_away: collections.Counter | None = None) -> tuple[int | str, float, float]:
+                turned_away: collections.Counter | None = None,
+                took: Callable[[str], None] | None = None) -> tuple[int | str, float, float]:
     start = time.monotonic()
     try:
         r = await http.post(f"{url}/v1/chat/completions", json=body)
@@ -89,8 +92,12 @@ async def _post(http: httpx.AsyncClient, url: str, body: dict, traces: Traces | 
     except httpx.HTTPError as err:
         status = type(err).__name__
     end = time.monotonic()
-    if status == 200 and traces is not None:
-        traces.add(r.json()["tandem"])
+    if status == 200 and (traces is not None or took is not None):
+        trace = r.json()["tandem"]
+        if traces is not None:
+            traces.add(trace)
+        if took is not None:  # the path this very request took
+            took(trace["path"])
     if status == 503 and turned_away is not None:
         turned_away[turned_away_by(r.text)] += 1
     return status, (end - start) * 1000, end
@@ -113,18 +120,23 @@ async def closed_loop(url: str, items: list[dict], concurrency: int, duration_s:
 
 async def open_loop(url: str, items: list[dict], rate: float, duration_s: float, seed: int) -> dict:
     tasks, start, traces, away = [], time.monotonic(), Traces(), collections.Counter()
+    paths: list[str | None] = []  # each send's path, once answered
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as http:
         async for _ in poisson_sends(rate, seed, duration_s):
             body = items[len(tasks) % len(items)]
-            tasks.append(asyncio.ensure_future(_timed(_post(http, url, body, traces, away), time.monotonic())))
+            paths.append(None)
+            took = functools.partial(paths.__setitem__, len(paths) - 1)
+            tasks.append(asyncio.ensure_future(_timed(_post(http, url, body, traces, away, took), time.monotonic())))
         records = await asyncio.gather(*tasks)
-    # The send times, for the simulator to replay: a minute of Poisson arrivals near saturation is a
-    # draw (which bursts come when), and the two should be compared on the same one.
+    # The send times and each one's path, for the simulator to replay: a minute of Poisson arrivals
+    # near saturation is a draw (which bursts come when, which of them reason), and the two should be
+    # compared on the same one — drawn again in the simulator, the paths alone move an open loop's
+    # p50 by ±10 % at 0.8x its capacity (docs/capacity.md).
     return {**open_loop_summary(records, start, duration_s), "workload": traces.workload(),
             "stage_ms": traces.stage_means(),
             "answered": sum(1 for _, (status, _, _) in records if status == 200), "turned_away": dict(away),
             "offered_rps": round(len(records) / duration_s, 3),
-            "arrivals_s": [round(sent - start, 6) for sent, _ in records]}
+            "arrivals_s": [round(sent - start, 6) for sent, _ in records], "paths": paths}
 
 
 def open_loop_summary(records: list[tuple[float, tuple[int, float, float]]], start: float, duration_s: float) -> dict:
@@ -161,7 +173,7 @@ def _pct(x: float | None) -> str:
 
 
 def _brief(m: dict) -> dict:
-    return {**{k: v for k, v in m.items() if k not in ("workload", "arrivals_s", "canary_ms_windows",
+    return {**{k: v for k, v in m.items() if k not in ("workload", "arrivals_s", "paths", "canary_ms_windows",
                                                       "canary_torch_ms_windows")}, "transfer_rate": m["workload"]["transfer_rate"],
             "degraded": m["workload"]["degraded"]}
 
@@ -268,7 +280,8 @@ def compare(profile_dict: dict, points: list[dict], settings: dict, duration: fl
           f"{workload.describe()}")
     rows = []
     for pt in points:
-        kw = {"concurrency": pt["load"]} if pt["kind"] == "closed" else {"arrivals": pt["measured"]["arrivals_s"]}
+        kw = {"concurrency": pt["load"]} if pt["kind"] == "closed" else \
+            {"arrivals": pt["measured"]["arrivals_s"], "paths": pt["measured"].get("paths")}
         # The same length of run as measured: near saturation the queue is still growing at 60 s,
         # so a longer simulated run reports the longer queue of a later moment.
         # The cores the app had during this load: what the hypervisor gave other guests was not

@@ -91,6 +91,7 @@ class Simulation:
         # Per stage: [calls ended, their seconds from send to end] — one entry per stage the paths call.
         self.stage_s: dict[str, list] = {call.stage: [0, 0.0] for _, _, phases in self._choices
                                          for phase in phases for call, *_ in phase}
+        self._phases = {name: phases for name, _, phases in self._choices}
         self._cum = []
         total = 0.0
         for _, share, _ in self._choices:
@@ -112,9 +113,14 @@ class Simulation:
                 self.workload.images if vision else 1, self.profile.call_ms["encode" if vision else "generate"] / 1000)
 
     # -- requests --------------------------------------------------------------------------------
-    def arrive(self) -> None:
-        u = self.rng.random() * self._cum[-1]
-        name, _, phases = self._choices[min(bisect.bisect_right(self._cum, u), len(self._choices) - 1)]
+    def arrive(self, path: str | None = None) -> None:
+        """A request arrives: on `path` where a replayed run says which it took, else a drawn one."""
+        phases = self._phases.get(path) if path is not None else None
+        if phases is not None:
+            name = path
+        else:
+            u = self.rng.random() * self._cum[-1]
+            name, _, phases = self._choices[min(bisect.bisect_right(self._cum, u), len(self._choices) - 1)]
         req = Request(self.env.now, name, phases)
         if not self.pools["Router"].submit(req):
             self._finish(req, rejected=True)
@@ -444,24 +450,28 @@ class Simulation:
                 return
             self.arrive()
 
-    def _replay(self, arrivals: list[float], until: float):
-        for t in sorted(arrivals):
+    def _replay(self, arrivals: list[float], until: float, paths: list[str | None] | None):
+        for t, path in sorted(zip(arrivals, paths or [None] * len(arrivals)), key=lambda sent: sent[0]):
             if t >= until:
                 return
             yield self.env.timeout(max(0.0, t - self.env.now))
-            self.arrive()
+            self.arrive(path)
 
     def run(self, *, rate: float | None = None, concurrency: int | None = None, duration_s: float = 60.0,
-            warmup_s: float | None = None, drain_s: float | None = None, arrivals: list[float] | None = None) -> dict:
+            warmup_s: float | None = None, drain_s: float | None = None, arrivals: list[float] | None = None,
+            paths: list[str | None] | None = None) -> dict:
         """Open loop at `rate` req/s or a closed loop of `concurrency` clients, for `duration_s`
         simulated seconds; requests arriving in the first `warmup_s` are not counted. An open loop
         then runs `drain_s` more (default: as long again, up to a minute) without arrivals, so the
         last counted requests finish and their latencies count. `arrivals` (seconds from the start)
-        replays a measured open loop's own send times instead of drawing Poisson ones: a check against
-        the real app then compares the two on the same bursts."""
+        replays a measured open loop's own send times instead of drawing Poisson ones, and `paths`
+        (beside them; None where unknown, drawn) the path each of those requests took: a check against
+        the real app then compares the two on the same bursts of the same requests."""
         if arrivals is not None:
             if rate is not None or concurrency is not None:
                 raise ValueError("give arrivals, or rate, or concurrency")
+            if paths is not None and len(paths) != len(arrivals):
+                raise ValueError(f"{len(paths)} paths for {len(arrivals)} arrivals")
             rate = len([t for t in arrivals if 0 <= t < duration_s]) / duration_s
         elif (rate is None) == (concurrency is None):
             raise ValueError("give either rate or concurrency")
@@ -472,7 +482,7 @@ class Simulation:
         warmup = min(max(duration_s * 0.1, deep), duration_s / 2) if warmup_s is None else warmup_s
         started = time.perf_counter()
         if arrivals is not None:
-            self.env.process(self._replay(arrivals, duration_s))
+            self.env.process(self._replay(arrivals, duration_s, paths))
         elif rate is not None:
             self.env.process(self._open_loop(rate, duration_s))
         else:
@@ -507,11 +517,13 @@ class Simulation:
 def simulate(profile: Profile, workload: Workload, replicas: dict[str, int], settings: dict[str, PoolSettings],
              *, rate: float | None = None, concurrency: int | None = None, duration_s: float = 60.0,
              host_cores: float | None = None, seed: int = 0, warmup_s: float | None = None,
-             arrivals: list[float] | None = None, slower: list[float] | None = None,
-             slower_step_s: float = 2.0, slower_model: list[float] | None = None) -> dict:
+             arrivals: list[float] | None = None, paths: list[str | None] | None = None,
+             slower: list[float] | None = None, slower_step_s: float = 2.0,
+             slower_model: list[float] | None = None) -> dict:
     sim = Simulation(profile, workload, replicas, settings, host_cores=host_cores, seed=seed,
                      slower=slower, slower_step_s=slower_step_s, slower_model=slower_model)
-    return sim.run(rate=rate, concurrency=concurrency, duration_s=duration_s, warmup_s=warmup_s, arrivals=arrivals)
+    return sim.run(rate=rate, concurrency=concurrency, duration_s=duration_s, warmup_s=warmup_s, arrivals=arrivals,
+                   paths=paths)
 
 
 # How long a run must be to read the p95 a cluster settles at, in the slowest path's unloaded

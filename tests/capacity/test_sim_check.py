@@ -378,3 +378,27 @@ def test_a_503_is_told_apart_by_where_it_was_turned_away():
     assert turned_away_by(json.dumps(model.to_openai())) == "model_queue"
     assert turned_away_by(refusal) == "proxy"
     assert turned_away_by("upstream connect error") == "other"
+
+
+def test_a_send_reports_the_path_its_request_took_and_nothing_when_turned_away():
+    """What the open loops record beside each send time, for the simulator to replay: the path from
+    the answer's trace; a 503 has none (the simulator draws one for it)."""
+    import asyncio
+
+    import httpx
+
+    from capacity.sim_check import _post
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["n"] == 0:
+            return httpx.Response(503, text="Request dropped due to backpressure")
+        return httpx.Response(200, json={"tandem": {"path": "transfer", "latency_ms": {"small_direct": 5.0}}})
+
+    async def send(n: int) -> list:
+        took = []
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+            status, _, _ = await _post(http, "http://app", {"n": n}, took=took.append)
+        return [status, took]
+
+    assert asyncio.run(send(1)) == [200, ["transfer"]]
+    assert asyncio.run(send(0)) == [503, []]

@@ -38,6 +38,25 @@ def test_one_request_at_a_time_takes_exactly_the_sum_of_its_stages():
     assert agree["throughput_rps"] == pytest.approx(1000 / 31, rel=0.02)
 
 
+def test_a_replayed_run_sends_each_request_on_the_path_it_took():
+    """A check replays a measured open loop on the same requests: each send on the path its request
+    took, drawn only where that is unknown (a request turned away), as a run without paths draws."""
+    from capacity.simulate import Simulation
+
+    p, w = profile(), Workload.mutual(0.3, AGREE)
+    arrivals = [0.1 * i for i in range(40)]
+    paths = ["transfer" if i % 4 == 0 else "agree" for i in range(40)]
+    sim = Simulation(p, w, {}, settings())
+    sim.run(duration_s=4.0, warmup_s=0.0, arrivals=arrivals, paths=paths)
+    assert [path for _, _, path in sorted(sim.latencies)] == paths
+    drawn = simulate(p, w, {}, settings(), duration_s=4.0, warmup_s=0.0, arrivals=arrivals)
+    unknown = simulate(p, w, {}, settings(), duration_s=4.0, warmup_s=0.0, arrivals=arrivals, paths=[None] * 40)
+    assert {k: v for k, v in unknown.items() if k != "wall_s"} == {k: v for k, v in drawn.items() if k != "wall_s"}
+    assert set(drawn["paths"]) == {"agree", "transfer"} and drawn["paths"] != {"agree": 30, "transfer": 10}
+    with pytest.raises(ValueError, match="39 paths for 40 arrivals"):
+        simulate(p, w, {}, settings(), duration_s=4.0, arrivals=arrivals, paths=paths[1:])
+
+
 def test_batch_wait_adds_latency_when_a_batch_cannot_fill():
     p = profile()
     no_wait = simulate(p, Workload.mutual(0.0, AGREE), {}, settings(), concurrency=1, duration_s=20)
