@@ -5,7 +5,7 @@
     python -m capacity.simulate --profile P.json --concurrency 16 --config serve_config.yaml
 
 It models what the app does: the Router pool and its admission limit, Serve's handle routing (power
-of two choices, per-caller queue limits), the VisionEncoder's `@serve.batch`, the model servers'
+of two choices, per-caller queue limits), the VisionEncoder's batcher, the model servers'
 step-level decode loop (rows join between steps and leave at their own length), and the policy's path
 mix (`Workload`). Arrivals are open-loop Poisson, a replay of measured send times, or a closed loop.
 `--host-cores N` runs every replica on N shared CPU cores (processor sharing, `capacity/pools.py`),
@@ -325,6 +325,7 @@ class Simulation:
         event.succeed()
 
     def _vision_loop(self, rep: Replica):
+        """The VisionEncoder's batcher: a batch of every job waiting when the replica comes free."""
         s, pool, queue = rep.pool.settings, rep.pool, rep.queue
         vision, queue_s, job_done = self.profile.vision, rep.pool.queue_s, self._job_done
         while True:

@@ -16,8 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 import ray
-from ray import serve
 
+from tandem.batcher import Batcher
 from tandem.config import TandemConfig
 from tandem.engines import ROLES, make_engine
 from tandem.errors import TandemError
@@ -87,32 +87,33 @@ class VisionEncoder:
         for tower in self.towers.values():
             tower.warm_up()
         self.settings = VisionConfig()
-        self._last_call, self._waiting = 0.0, self.settings.batch_wait_timeout_s
+        self._last_call = 0.0
         self.cache = FeatureCache(self.settings.feature_cache_size, self.settings.feature_cache_bytes)
         self.encoded: dict[str, int] = {role: 0 for role in self.towers}
         self.cache_hits = 0
         self.batch_sizes: deque[int] = deque(maxlen=4096)  # the most recent batches: replicas live for weeks
+        # Not Serve's @serve.batch: it forms each batch from one timeout's window of calls while the
+        # last one runs, so under load it runs batches of one or two (tandem/batcher.py).
+        self._batches = Batcher(self._encode_batch, self.settings.max_batch_size, self.settings.batch_wait_timeout_s)
 
     def reconfigure(self, user_config: dict) -> None:
         self.settings = VisionConfig.model_validate(user_config or {})
         self.cache.configure(self.settings.feature_cache_size, self.settings.feature_cache_bytes)
-        self._encode_batch.set_max_batch_size(self.settings.max_batch_size)
-        self._encode_batch.set_batch_wait_timeout_s(self.settings.batch_wait_timeout_s)
-        self._waiting = self.settings.batch_wait_timeout_s
+        self._batches.max_batch_size = self.settings.max_batch_size
+        self._batches.wait_s = self.settings.batch_wait_timeout_s
 
     async def encode(self, images: list[bytes], model: str) -> list[ray.ObjectRef]:
         """References to each image's features for `model` (a list of ObjectRef[ImageFeatures]). A
         call whose image fails to encode raises alone: the batch it shared answers the others."""
         self._adapt_wait()
-        result = await self._encode_batch((images, model))
+        result = await self._batches((images, model))
         if isinstance(result, BaseException):
             raise result
         return result
 
-    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.005)
     async def _encode_batch(self, calls: list[tuple[list[bytes], str]]) -> list:
-        """One result per call: its references, or the exception one of its images raised (Serve fails
-        every caller of a batch whose function raises, so nothing raises here)."""
+        """One result per call: its references, or the exception one of its images raised (a batch
+        whose function raises fails every caller in it, so nothing raises here)."""
         self.batch_sizes.append(len(calls))
         digests = [[image_digest(b) for b in images] for images, _ in calls]
         found: dict[tuple[str, str], object] = {}
@@ -161,9 +162,7 @@ class VisionEncoder:
         wanted = self.settings.batch_wait_timeout_s
         if self.settings.batch_wait_mode == "adaptive" and gap >= wanted:
             wanted = 0.0
-        if wanted != self._waiting:
-            self._encode_batch.set_batch_wait_timeout_s(wanted)
-            self._waiting = wanted
+        self._batches.wait_s = wanted
 
     async def check_health(self) -> None:
         """Serve's periodic probe (raising restarts the replica): each tower's device still computes."""

@@ -70,6 +70,20 @@ def test_batch_wait_adds_latency_when_a_batch_cannot_fill():
     assert adaptive["p50_ms"] == pytest.approx(no_wait["p50_ms"] + 10, abs=1e-6)
 
 
+def test_a_vision_batch_takes_every_call_that_queued_while_the_last_one_ran():
+    """The VisionEncoder's batcher (tandem/batcher.py): a batch forms when the towers come free, from
+    every call waiting (up to 8). Requests 10 ms apart against batches of 80 ms and more: batches of
+    2, 8, 8, 8, 8 and 6 calls — not one request's pair each, as `@serve.batch` would run them."""
+    p = profile(vision=(40.0, 96.0))
+    arrivals = [0.01 * i for i in range(20)]
+    run = simulate(p, Workload.mutual(0.0, AGREE), {}, settings(batch_wait_s=0.005, batch_wait_mode="always"),
+                   arrivals=arrivals, duration_s=2.0, warmup_s=0.0)
+    assert run["pools"]["VisionEncoder"]["mean_batch"] == round(40 / 6, 2) and run["completed"] == 20
+    # The first pair waits its 5 ms (sent at 1 ms) and runs 40 + 40 ms; four pairs then run as
+    # 2 x 64 ms from 86 ms, and so on: the encodes take 339.6 ms on average.
+    assert run["stage_ms"]["encode_small"] == pytest.approx(339.6, abs=0.05)
+
+
 def test_adaptive_waits_batch_a_model_servers_stages_when_other_requests_are_in_flight():
     p = profile()
     w = Workload.mutual(0.0, AGREE)
