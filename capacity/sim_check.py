@@ -130,8 +130,8 @@ async def open_loop(url: str, items: list[dict], rate: float, duration_s: float,
         records = await asyncio.gather(*tasks)
     # The send times and each one's path, for the simulator to replay: a minute of Poisson arrivals
     # near saturation is a draw (which bursts come when, which of them reason), and the two should be
-    # compared on the same one — drawn again in the simulator, the paths alone move an open loop's
-    # p50 by ±10 % at 0.8x its capacity (docs/capacity.md).
+    # compared on the same one — drawn again in the simulator, the paths alone moved an open loop's
+    # simulated p50 by 3-14 % (s.d. over ten draws) at 0.8x its capacity (docs/capacity.md).
     return {**open_loop_summary(records, start, duration_s), "workload": traces.workload(),
             "stage_ms": traces.stage_means(),
             "answered": sum(1 for _, (status, _, _) in records if status == 200), "turned_away": dict(away),
