@@ -16,13 +16,15 @@ if TYPE_CHECKING:
     from capacity.simulate import Simulation
 
 class Request:
-    __slots__ = ("arrived", "phases", "phase", "pending", "failed", "replica", "path", "in_flight", "phase_started")
+    __slots__ = ("arrived", "phases", "phase", "pending", "failed", "replica", "path", "in_flight", "phase_started",
+                 "ran_on")
 
     def __init__(self, arrived: float, path: str, phases):
         self.arrived, self.path, self.phases = arrived, path, phases
         self.phase_started = arrived  # when its current phase's calls were sent (their stage times start there)
         self.phase, self.pending, self.failed, self.replica = 0, 0, False, None  # replica: its Router
         self.in_flight = False  # counted among the requests in flight (the Router took it)
+        self.ran_on: dict | None = None  # pool name -> the replica its last call there went to (affinity)
 
 
 class Job:
@@ -63,6 +65,7 @@ class Pool:
         self.queue_limit = queue_limit
         # Looked up for every call (millions): the settings the pool keeps for the run.
         self.is_router, self.limit, self.admit = name == "Router", settings.max_ongoing, settings.admit
+        self.affinity = None if self.is_router else settings.affinity_queue  # the Router's jobs are requests
         self.max_batch = settings.max_batch_size
         self._widths()
         # Every job's queueing time (s), as doubles: millions at 10,000 req/s (`Simulation.arrivals`).
@@ -139,8 +142,17 @@ class Pool:
         """Jobs in the pool on average since the start."""
         return (self.held_area + self.held * (now - self.held_since)) / now if now else 0.0
 
+    def follow(self, job) -> Replica | None:
+        """The StageAffinityRouter: a request's later call goes to the replica that ran its earlier
+        one in this pool, while that replica still takes requests and holds at most `affinity`."""
+        ran_on = job.request.ran_on
+        rep = ran_on.get(self.name) if ran_on else None
+        if rep is None or rep.retired or rep.ongoing > self.affinity or rep.ongoing >= self.limit:
+            return None
+        return rep
+
     def submit(self, job) -> bool:
-        replica = self.pick()
+        replica = self.pick() if self.affinity is None else (self.follow(job) or self.pick())
         if replica is None:
             if 0 <= self.queue_limit <= len(self.waiting):
                 self.rejected += 1
@@ -158,6 +170,11 @@ class Pool:
     def assign(self, job, replica: Replica) -> None:
         replica.ongoing += 1
         job.replica = replica
+        if self.affinity is not None:
+            req = job.request
+            if req.ran_on is None:
+                req.ran_on = {}
+            req.ran_on[self.name] = replica
         self.sim.on_assigned(self, job, replica)
 
     def release(self, replica: Replica) -> None:

@@ -18,6 +18,7 @@ PROFILE_KIND = "tandem-stage-profile"
 POOLS = ("Router", "VisionEncoder", "SmallReasoner", "LargeAnswerer")
 GENERATORS = {"small": "SmallReasoner", "large": "LargeAnswerer"}
 ROLES = ("small", "large")
+AFFINITY_QUEUE = 8  # deployments/affinity_router.py's default max_queued_for_affinity (a test holds them equal)
 # With shared cores: the event loops a request's calls' overheads and the Router's work run on besides
 # every replica's own — the load client's and Serve's proxy's — each one thread however many
 # requests are due on it (measured CPU that no stage accounts for runs beside the request as an
@@ -235,6 +236,9 @@ class PoolSettings:
     admit: int | None = None      # Router: the app's http.max_in_flight, requests a replica answers at once
     autoscaling: Autoscaling | None = None  # None: the pool keeps the replicas it is given
     startup_s: float = 0.0        # autoscaling: from a replica's start to its first request (loading weights)
+    # The StageAffinityRouter's max_queued_for_affinity where the deployment routes by it: a request's
+    # later call goes to the replica that ran its earlier one while that replica holds at most this many.
+    affinity_queue: int | None = None
 
 
 def settings_from_config(path: str | Path, autoscaling: bool = False) -> dict[str, PoolSettings]:
@@ -248,6 +252,9 @@ def settings_from_config(path: str | Path, autoscaling: bool = False) -> dict[st
     for name in POOLS:
         d = deployments.get(name, {})
         user = d.get("user_config") or {}
+        router = d.get("request_router_config") or {}
+        affinity = (int((router.get("request_router_kwargs") or {}).get("max_queued_for_affinity", AFFINITY_QUEUE))
+                    if "StageAffinityRouter" in str(router.get("request_router_class", "")) else None)
         out[name] = PoolSettings(max_ongoing=int(d.get("max_ongoing_requests", 5)),
                                  max_queued=int(d.get("max_queued_requests", -1)),
                                  max_batch_size=int(user.get("max_batch_size", 8)),
@@ -256,6 +263,7 @@ def settings_from_config(path: str | Path, autoscaling: bool = False) -> dict[st
                                  batch_wait_mode=str(user.get("batch_wait_mode", "adaptive")),
                                  gpus_per_replica=float((d.get("ray_actor_options") or {}).get("num_gpus", 0)),
                                  admit=int(admit) if name == "Router" and admit else None,
+                                 affinity_queue=affinity,
                                  autoscaling=Autoscaling.from_config(d["autoscaling_config"])
                                  if autoscaling and d.get("autoscaling_config") else None)
     return out

@@ -233,6 +233,69 @@ def test_settings_come_from_the_serve_config():
     assert settings_from_config(ROOT / "serve_config.yaml")["LargeAnswerer"].admit is None
 
 
+def test_a_deployment_routed_by_stage_affinity_says_so_in_its_settings(tmp_path):
+    """The simulator routes where the config says the app does: serve_config.yaml's model servers use
+    the StageAffinityRouter at its own default queue bound, which a config's kwargs override."""
+    import inspect
+
+    from capacity.profile import AFFINITY_QUEUE
+    from deployments.affinity_router import StageAffinityRouter
+
+    default = inspect.signature(StageAffinityRouter.initialize_state).parameters["max_queued_for_affinity"].default
+    assert AFFINITY_QUEUE == default
+    s = settings_from_config(ROOT / "serve_config.yaml")
+    assert {name: x.affinity_queue for name, x in s.items()} == {
+        "Router": None, "VisionEncoder": None, "SmallReasoner": default, "LargeAnswerer": default}
+    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    for d in cfg["applications"][0]["deployments"]:
+        if d["name"] == "SmallReasoner":
+            d["request_router_config"]["request_router_kwargs"] = {"max_queued_for_affinity": 3}
+        if d["name"] == "LargeAnswerer":
+            del d["request_router_config"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    s = settings_from_config(tmp_path / "c.yaml")
+    assert (s["SmallReasoner"].affinity_queue, s["LargeAnswerer"].affinity_queue) == (3, None)
+
+
+def _follow_ups(affinity_queue):
+    """Every transferring request at 12 in flight on three replicas a model pool: for each later call
+    in a pool, the replica its earlier call ran on, what that replica held then, and where it went."""
+    from capacity.simulate import Simulation
+
+    pools = settings(max_ongoing=8)
+    for name in ("SmallReasoner", "LargeAnswerer"):
+        pools[name].affinity_queue = affinity_queue
+    sim = Simulation(profile(), Workload.mutual(1.0, AGREE), {"SmallReasoner": 3, "LargeAnswerer": 3}, pools, seed=1)
+    seen, first = [], {}
+    for pool in (sim.pools["SmallReasoner"], sim.pools["LargeAnswerer"]):
+        def submit(job, pool=pool, inner=pool.submit):
+            earlier = first.get((pool.name, job.request))
+            held = earlier.ongoing if earlier is not None else None
+            ok = inner(job)
+            if earlier is None:
+                first[(pool.name, job.request)] = job.replica
+            elif job.replica is not None:
+                seen.append((earlier, held, job.replica))
+            return ok
+        pool.submit = submit
+    sim.run(concurrency=12, duration_s=3.0, warmup_s=0.0)
+    return seen
+
+
+def test_a_later_call_goes_to_the_replica_that_ran_the_requests_earlier_one_while_it_is_not_too_busy():
+    """The StageAffinityRouter as the app runs it: the reasoning follows the small model's direct
+    answer, the transfer the large one's, onto the same replica, unless that replica holds more than
+    the bound; then (and without affinity) the power of two choices decides."""
+    bound = _follow_ups(affinity_queue=2)
+    assert len(bound) > 100
+    assert all(went is earlier for earlier, held, went in bound if held <= 2)
+    busy = [went is earlier for earlier, held, went in bound if held > 2]
+    assert 0 < sum(busy) < len(busy)  # past the bound, the default choice: sometimes the same replica
+    assert all(went is earlier for earlier, _, went in _follow_ups(affinity_queue=8))  # 8 at most, and room
+    free = _follow_ups(affinity_queue=None)
+    assert 0 < sum(went is earlier for earlier, _, went in free) < len(free)
+
+
 def test_replica_counts_are_parsed_strictly():
     assert parse_replicas("VisionEncoder=1, LargeAnswerer=3") == {"VisionEncoder": 1, "LargeAnswerer": 3}
     for bad in ("Vision=1", "LargeAnswerer=0", "LargeAnswerer=x"):
