@@ -11,7 +11,7 @@ What it models, from Serve's controller, handles and replicas:
   to move the same way for `upscale_delay_s` / `downscale_delay_s`; the target is kept within
   min/max_replicas;
 - a new replica takes requests `startup_s` after the target rose (the pool's settings: its weights'
-  load time); a removed one, replicas still starting first, then the newest running, takes no new
+  load time; a check replaying a run gives each new replica its measured one, `startups`); a removed one, replicas still starting first, then the newest running, takes no new
   requests and stops once its own are done.
 Not modelled: scaling to zero, the cluster autoscaler adding nodes (a replica is placed at once).
 """
@@ -75,7 +75,8 @@ class Autoscaler:
         self.sim, self.pool = sim, pool
         self.cfg: Autoscaling = pool.settings.autoscaling
         self.target = len(pool.replicas)
-        self.starting: list = []  # simpy processes of replicas on their way up, oldest first
+        self.starting: list = []  # tickets of replicas on their way up, oldest first
+        self.asked = 0  # replicas the target has asked for so far (which of `startups` the next takes)
         self.decide = Decision(self.cfg)
         self.records: deque = deque()  # (time, requests), pushed or not
         self.pushed_at = -math.inf
@@ -135,10 +136,13 @@ class Autoscaler:
     def scale_to(self, target: int, now: float) -> None:
         self.target = target
         self.targets.append((now, target))
+        settings = self.pool.settings
         while len(self.pool.replicas) + len(self.starting) < target:
             ticket = [False]  # set: the target fell before this replica came up
             self.starting.append(ticket)
-            self.sim.env.process(self._start(ticket))
+            replay, self.asked = settings.startups, self.asked + 1
+            self.sim.env.process(self._start(ticket, replay[self.asked - 1] if self.asked <= len(replay)
+                                             else settings.startup_s))
         while len(self.pool.replicas) + len(self.starting) > target:
             if self.starting:
                 self.starting.pop()[0] = True
@@ -146,8 +150,8 @@ class Autoscaler:
                 self.pool.retire(self.pool.replicas[-1])
                 self._changed()
 
-    def _start(self, ticket: list):
-        yield self.sim.env.timeout(self.pool.settings.startup_s)
+    def _start(self, ticket: list, startup_s: float):
+        yield self.sim.env.timeout(startup_s)
         if ticket[0]:
             return
         self.starting.remove(ticket)

@@ -6,14 +6,16 @@ SmallReasoner and LargeAnswerer autoscaled as AUTOSCALING says — Serve's own c
 replica start-up, short delays so a step shows within minutes. The load is an open loop in STEPS
 (1 req/s, 8 from 30 s, 1 again from 90 s, for 150 s), and the simulator replays its very send times
 with the same autoscaling config. Measured in the same run and fed to the simulator: the per-call
-hop costs (zero-time twins, as paced_check), and how long a new replica takes from STARTING to
-RUNNING (Serve's REST API, polled every 0.25 s), which is what `startup_s` stands for.
+hop costs (zero-time twins, as paced_check), and how long each new replica took from the target
+that asked for it to RUNNING (Serve's REST API, polled every 0.25 s), which is what `startup_s`
+stands for: the simulator gives each replica it starts its own measured time, in order.
 
 Bars, per run: each autoscaled pool's running replicas, sampled every second from the first send to
 the last answer, within ±1 of the simulated count at every sample; p95 of the whole run within
 ±20 %. Printed beside them: the p95 of each step, the seconds off by more than one replica, the
 time slack that would put every second within ±1 (how far apart in time the two scaled, which the
-1-s samples cannot tell), and the requests each turned away. Ends with one JSON line: {"engine": "paced",
+1-s samples cannot tell), when the controller and the simulated one decided to scale up and down
+(the controller's target, polled with the replicas), and the requests each turned away. Ends with one JSON line: {"engine": "paced",
 "autoscaling": {...}, "figures": [{"run", "load", "metric", "real", "simulated", "error",
 "tolerance"}...], "within": true|false}.
 """
@@ -70,13 +72,16 @@ def serve_deployments(http: httpx.Client, app: str = "tandem") -> dict:
 
 class ReplicaPoller:
     """Serve's view of the app's replicas, every `every_s` from `start` in a thread: per pool the
-    running count over time, and each replica's first STARTING and RUNNING sighting."""
+    running count and the controller's target over time, and each replica's first sighting in each
+    state."""
 
     def __init__(self, start: float, app: str = "tandem", every_s: float = 0.25):
         self.start, self.app, self.every_s = start, app, every_s
         self.samples: list[tuple[float, dict[str, int]]] = []
+        self.targets: list[tuple[float, dict[str, int]]] = []  # the controller's decisions, as polled
         self.took: list[float] = []  # each poll's round trip, s
         self.seen: dict[str, dict[str, float]] = collections.defaultdict(dict)  # replica -> state -> first time
+        self.pool_of: dict[str, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -108,16 +113,30 @@ class ReplicaPoller:
                     counts[pool] = sum(1 for r in replicas if r["state"] == "RUNNING")
                     for r in replicas:
                         self.seen[r["replica_id"]].setdefault(r["state"], now)
+                        self.pool_of[r["replica_id"]] = pool
                 self.samples.append((now, counts))
+                self.targets.append((now, {pool: deployments[pool]["target_num_replicas"] for pool in POOLS}))
                 self._stop.wait(self.every_s)
 
     def timeline(self, pool: str) -> list[tuple[float, int]]:
         return [(t, c[pool]) for t, c in self.samples]
 
+    def target_timeline(self, pool: str) -> list[tuple[float, int]]:
+        return [(t, c[pool]) for t, c in self.targets]
+
+    def startups(self, pool: str) -> list[float | None]:
+        """Each replica the pool's target asked for during the load, in order: from the poll that saw
+        the target rise to the one that saw it RUNNING (None: it never ran)."""
+        targets = self.target_timeline(pool)
+        asked = [t for (_, before), (t, n) in zip(targets, targets[1:]) for _ in range(n - before)]
+        new = sorted((min(states.values()), rid) for rid, states in self.seen.items()
+                     if self.pool_of[rid] == pool and min(states.values()) > self.samples[0][0])
+        return [round(self.seen[rid]["RUNNING"] - t, 2) if "RUNNING" in self.seen[rid] else None
+                for t, (_, rid) in zip(asked, new)]
+
     def startup_s(self) -> float | None:
-        """The median time a replica started during the load took from STARTING to RUNNING."""
-        took = [s["RUNNING"] - s["STARTING"] for s in self.seen.values() if "STARTING" in s and "RUNNING" in s
-                and s["STARTING"] >= 0]
+        """The median start-up of the replicas started during the load."""
+        took = [s for pool in POOLS for s in self.startups(pool) if s is not None]
         return round(statistics.median(took), 2) if took else None
 
 
@@ -156,12 +175,14 @@ def p95_by_step(latencies: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate: float,
-              paths: list[str | None] | None = None) -> tuple[dict, list]:
-    """The simulated run on the same sends (each on its path where known), and its (send s, latency ms) pairs."""
+              paths: list[str | None] | None = None, startups: dict[str, list] | None = None) -> tuple[dict, list]:
+    """The simulated run on the same sends (each on its path where known), each pool's new replicas
+    starting in their measured times (`startup_s` where unknown), and its (send s, latency ms) pairs."""
     settings = settings_from_config(ROOT / "serve_config.yaml")
     for pool in POOLS:
+        replay = tuple(startup_s if s is None else s for s in (startups or {}).get(pool, []))
         settings[pool] = dataclasses.replace(settings[pool], autoscaling=Autoscaling.from_config(AUTOSCALING),
-                                             startup_s=startup_s)
+                                             startup_s=startup_s, startups=replay)
     workload = Workload.mutual(transfer_rate, profile["workload"]["stages"])
     sim = Simulation(Profile.from_dict(profile), workload, {}, settings)
     r = sim.run(duration_s=DURATION_S, warmup_s=0.0, arrivals=sends, paths=paths)
@@ -179,6 +200,26 @@ def slack_s(real: list[tuple[float, int]], sim: list[tuple[float, int]], seconds
     return round(worst, 2)
 
 
+def decided(targets: list[tuple[float, int]], after: float, up: bool) -> float | None:
+    """When a target timeline (samples or changes) first moved up (or down) after `after` s."""
+    for (_, before), (t, n) in zip(targets, targets[1:]):
+        if t > after and (n > before if up else n < before):
+            return round(t, 2)
+    return None
+
+
+def decisions(run: int, pool: str, real: list, sim: list) -> list[dict]:
+    """When the controller and the simulated one decided to scale up after the step up, and down after
+    the step down (the real one seen by the 0.25-s poll): where the replica counts' lag comes from."""
+    rows = []
+    for metric, after, up in (("scale-up decided (s)", STEPS[1][0], True), ("scale-down decided (s)", STEPS[2][0], False)):
+        r, s = decided(real, after, up), decided(sim, after, up)
+        rows.append({"run": run, "load": pool, "metric": metric, "real": r, "simulated": s,
+                     "error": round(s - r, 2) if r is not None and s is not None else None,
+                     "tolerance": None, "within": None})
+    return rows
+
+
 def figures(run: int, poller: ReplicaPoller, measured: dict, sim: dict, sim_latencies: list) -> list[dict]:
     rows, horizon = [], int(measured["last_end_s"])
     for pool in POOLS:
@@ -190,6 +231,7 @@ def figures(run: int, poller: ReplicaPoller, measured: dict, sim: dict, sim_late
                      "seconds_off": sum(1 for d in diffs if abs(d) > 1), "seconds": len(diffs),
                      "slack_s": slack_s(real_tl, sim_tl, range(0, horizon + 1)),
                      "within": abs(diffs[at]) <= 1})
+        rows += decisions(run, pool, poller.target_timeline(pool), sim["pools"][pool]["targets"])
     real_p95 = p95_by_step(measured["latencies"])
     sim_p95 = p95_by_step(sim_latencies)
     for step in real_p95:
@@ -202,11 +244,16 @@ def figures(run: int, poller: ReplicaPoller, measured: dict, sim: dict, sim_late
     return rows
 
 
-def print_run(run: int, rows: list[dict], startup_s: float, hops: dict) -> None:
-    print(f"run {run}: replica start-up {startup_s} s (STARTING -> RUNNING, median); hops per call {hops['calls']}")
+def print_run(run: int, rows: list[dict], startups: dict[str, list], hops: dict) -> None:
+    print(f"run {run}: each new replica's start-up (target rise -> RUNNING, s) {startups}; hops per call {hops['calls']}")
     for r in rows:
         mark = "" if r["within"] is None else ("ok" if r["within"] else "MISS")
-        err = f"{r['error']:+d}" if isinstance(r["error"], int) else (f"{r['error']:+.1%}" if r["error"] is not None else "-")
+        if r["error"] is None:
+            err = "-"
+        elif r["metric"].endswith("(s)"):
+            err = f"{r['error']:+.2f} s"
+        else:
+            err = f"{r['error']:+d}" if isinstance(r["error"], int) else f"{r['error']:+.1%}"
         off = (f"  ({r['seconds_off']} of {r['seconds']} s off by more than 1, worst at {r['at_s']} s; "
                f"within ±1 at every second given {r['slack_s']} s of slack in time)"
                if "seconds_off" in r else "")
@@ -219,18 +266,19 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict) -> tup
     with ReplicaPoller(start) as poller:
         measured = asyncio.run(scheduled_loop(app.url, items, sends))
         time.sleep(2.0)
-    startup = poller.startup_s() or 0.0
+    startup, startups = poller.startup_s() or 0.0, {p: poller.startups(p) for p in POOLS}
     sim, sim_latencies = simulated(profile, measured["sent"], startup, PACED_PROFILE["workload"]["transfer_rate"],
-                                   measured["paths"])
+                                   measured["paths"], startups)
     rows = figures(run, poller, measured, sim, sim_latencies)
-    print_run(run, rows, startup, hops)
+    print_run(run, rows, startups, hops)
     poll = {"median_s": round(statistics.median(poller.took), 3), "max_s": round(max(poller.took), 3)} if poller.took else {}
     print(f"  Serve's REST API answered each poll in {poll.get('median_s')} s (median), {poll.get('max_s')} s at most")
     print(f"  failed: real {measured['errors'] or 0} (503s turned away by {measured['turned_away'] or '-'}); "
           f"simulated {sim['rejected']} turned away, {sim['pools']['Router']['rejected']} of them at the Router's door")
-    return rows, {"run": run, "startup_s": startup, "hops": hops, "errors": measured["errors"],
+    return rows, {"run": run, "startup_s": startup, "startups": startups, "hops": hops, "errors": measured["errors"],
                   "turned_away": measured["turned_away"], "simulated_rejected": sim["rejected"], "poll": poll,
                   "real_timeline": {p: poller.timeline(p) for p in POOLS},
+                  "real_targets": {p: poller.target_timeline(p) for p in POOLS},
                   "simulated": {p: sim["pools"][p] for p in POOLS},
                   "real_latencies": measured["latencies"], "simulated_latencies": sim_latencies}
 

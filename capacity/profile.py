@@ -236,6 +236,7 @@ class PoolSettings:
     admit: int | None = None      # Router: the app's http.max_in_flight, requests a replica answers at once
     autoscaling: Autoscaling | None = None  # None: the pool keeps the replicas it is given
     startup_s: float = 0.0        # autoscaling: from a replica's start to its first request (loading weights)
+    startups: tuple[float, ...] = ()  # a check's replay: each new replica's own start-up, in order; then startup_s
     # The StageAffinityRouter's max_queued_for_affinity where the deployment routes by it: a request's
     # later call goes to the replica that ran its earlier one while that replica holds at most this many.
     affinity_queue: int | None = None

@@ -47,7 +47,7 @@ def test_scaling_factors_and_delays_decide_as_serves_policy_does():
             target = theirs
 
 
-def _step_sim(startup_s: float = 2.0, **autoscaling):
+def _step_sim(startup_s: float = 2.0, startups: tuple = (), **autoscaling):
     """The test profile, its LargeAnswerer autoscaled (1 to 4 replicas, target 1 ongoing request), under
     an open loop of 1 req/s, 40 req/s from 20 s, nothing from 60 s."""
     from capacity.simulate import Simulation
@@ -55,7 +55,7 @@ def _step_sim(startup_s: float = 2.0, **autoscaling):
     a = Autoscaling(**{"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 1, "metrics_interval_s": 1.0,
                        "look_back_period_s": 2.0, "upscale_delay_s": 3.0, "downscale_delay_s": 5.0, **autoscaling})
     s = settings(max_batch_size=2)
-    s["LargeAnswerer"] = dataclasses.replace(s["LargeAnswerer"], autoscaling=a, startup_s=startup_s)
+    s["LargeAnswerer"] = dataclasses.replace(s["LargeAnswerer"], autoscaling=a, startup_s=startup_s, startups=startups)
     # Slow large steps: 40 req/s keeps several calls ongoing there.
     p = Profile.from_dict(profile_dict(step=(20.0, 30.0)))
     sim = Simulation(p, Workload.mutual(0.0, AGREE), {}, s)
@@ -91,6 +91,16 @@ def test_a_slower_start_delays_the_replicas_not_the_decision():
     assert decided["fast"] == decided["slow"]
     assert up["slow"] - up["fast"] == pytest.approx(7.5)
     assert slow["p95_ms"] > fast["p95_ms"]
+
+
+def test_a_replayed_run_starts_each_new_replica_in_its_own_measured_time():
+    """A check gives each replica the target asks for the start-up measured for it, in order; those
+    past the list take the pool's startup_s."""
+    sim, r, _ = _step_sim(startup_s=2.0, startups=(0.5, 6.0))
+    timeline, targets = r["pools"]["LargeAnswerer"]["timeline"], r["pools"]["LargeAnswerer"]["targets"]
+    asked = [t for (_, before), (t, n) in zip(targets, targets[1:]) for _ in range(n - before)]
+    came = [t for (_, before), (t, n) in zip(timeline, timeline[1:]) if n > before][:3]
+    assert len(asked) == 3 and came == pytest.approx(sorted([asked[0] + 0.5, asked[1] + 6.0, asked[2] + 2.0]))
 
 
 def test_configs_autoscale_only_when_asked_and_scaling_to_zero_is_refused():
@@ -131,24 +141,53 @@ def test_the_simulate_command_autoscales_a_config(tmp_path, capsys):
 
 
 def test_the_check_reads_the_worst_second_and_the_whole_runs_p95():
+    from capacity.autoscale import replicas_at
     from capacity.autoscale_check import STEPS, figures
 
     class Poller:
         def timeline(self, pool):
             return [(0.2, 1), (5.4, 3)] if pool == "SmallReasoner" else [(0.2, 1), (40.0, 2)]
 
+        def target_timeline(self, pool):  # polled: a sample every 0.25 s, the target moving between two
+            changes = [(0.0, 1), (33.1, 3), (104.6, 1)] if pool == "SmallReasoner" else [(0.0, 1), (35.0, 2)]
+            return [(t / 4, replicas_at(changes, t / 4)) for t in range(0, 600)]
+
     real = [(t, 100.0 + t) for t in range(0, 150)]
     measured = {"last_end_s": 60.0, "latencies": real}
-    sim = {"pools": {"SmallReasoner": {"timeline": [(0.0, 1), (3.0, 3)]},
-                     "LargeAnswerer": {"timeline": [(0.0, 1), (39.0, 2), (45.0, 3)]}}}
+    sim = {"pools": {"SmallReasoner": {"timeline": [(0.0, 1), (3.0, 3)], "targets": [(0.0, 1), (32.6, 3), (104.3, 1)]},
+                     "LargeAnswerer": {"timeline": [(0.0, 1), (39.0, 2), (45.0, 3)],
+                                       "targets": [(0.0, 1), (34.0, 2), (38.0, 3), (102.9, 1)]}}}
     rows = {(r["load"], r["metric"]): r for r in figures(1, Poller(), measured, sim, [(t, 1.1 * ms) for t, ms in real])}
     small, large = rows[("SmallReasoner", "replicas (worst second)")], rows[("LargeAnswerer", "replicas (worst second)")]
     assert (small["error"], small["at_s"], small["within"]) == (2, 3, False)  # 3 simulated, 1 real at 3, 4 and 5 s
     assert (small["seconds_off"], small["seconds"]) == (3, 61)
     assert (small["slack_s"], large["slack_s"]) == (2.0, 0.0)  # real 1 at 3, 4, 5 s: simulated 1 until 3.0 s
+    # When each decided: the first poll that saw the target move, against the simulated decision.
+    up, down = rows[("SmallReasoner", "scale-up decided (s)")], rows[("SmallReasoner", "scale-down decided (s)")]
+    assert (up["real"], up["simulated"], up["error"]) == (33.25, 32.6, -0.65)
+    assert (down["real"], down["simulated"], down["error"]) == (104.75, 104.3, -0.45)
+    never = rows[("LargeAnswerer", "scale-down decided (s)")]
+    assert (never["real"], never["simulated"], never["error"], never["within"]) == (None, 102.9, None, None)
     whole = rows[("whole run", "p95_ms")]
     assert whole["error"] == pytest.approx(0.1, abs=1e-3) and whole["within"] and whole["tolerance"] == 0.2
     assert sum(1 for load, metric in rows if load.startswith("step")) == len(STEPS)
+
+
+def test_the_check_times_each_new_replica_from_the_target_that_asked_for_it():
+    from capacity.autoscale_check import ReplicaPoller
+
+    poller = ReplicaPoller(start=0.0)
+    both = lambda small, large: {"SmallReasoner": small, "LargeAnswerer": large}  # noqa: E731
+    poller.samples = [(0.1, both(1, 1))]
+    poller.targets = [(0.1, both(1, 1)), (36.3, both(3, 1)), (40.1, both(3, 2)), (104.0, both(1, 1))]
+    poller.seen = {"s0": {"RUNNING": 0.1}, "l0": {"RUNNING": 0.1},
+                   "s2": {"STARTING": 36.8, "RUNNING": 43.0}, "s1": {"STARTING": 36.6, "RUNNING": 41.9},
+                   "l1": {"STARTING": 40.4}}  # never ran
+    poller.pool_of = {"s0": "SmallReasoner", "s1": "SmallReasoner", "s2": "SmallReasoner",
+                      "l0": "LargeAnswerer", "l1": "LargeAnswerer"}
+    assert poller.startups("SmallReasoner") == [5.6, 6.7]  # in the order they appeared
+    assert poller.startups("LargeAnswerer") == [None]
+    assert poller.startup_s() == pytest.approx(6.15)
 
 
 def test_the_time_slack_is_how_far_the_simulated_scaling_is_from_the_real():
