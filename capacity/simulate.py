@@ -419,8 +419,7 @@ class Simulation:
         end, it joins there). Returns the steps run, charged as that many steps. Its end is the sum
         of its steps as adding them one at a time rounds it (`repeated_sum`): k * d can differ from
         k sums of d in the last bit, which reorders events that were simultaneous and moves every
-        later figure as another seed would (the worked example's plan came out 262.5 GPUs against
-        256.5 that way)."""
+        later figure as another seed would (enough to move a plan's GPU count by a few per cent)."""
         env, d = self.env, step_ms / 1000
         start = env.now
         end = start + k * d
