@@ -11,8 +11,9 @@ What it models, from Serve's controller, handles and replicas:
   to move the same way for `upscale_delay_s` / `downscale_delay_s`; the target is kept within
   min/max_replicas;
 - a new replica takes requests `startup_s` after the target rose (the pool's settings: its weights'
-  load time; a check replaying a run gives each new replica its measured one, `startups`); a removed one, replicas still starting first, then the newest running, takes no new
-  requests and stops once its own are done.
+  load time; a check replaying a run gives each new replica its measured one, `startups`); a removed
+  one, replicas still starting first, then the newest running, takes no new requests and stops once
+  its own are done.
 Not modelled: scaling to zero, the cluster autoscaler adding nodes (a replica is placed at once).
 """
 
@@ -140,9 +141,10 @@ class Autoscaler:
         while len(self.pool.replicas) + len(self.starting) < target:
             ticket = [False]  # set: the target fell before this replica came up
             self.starting.append(ticket)
-            replay, self.asked = settings.startups, self.asked + 1
-            self.sim.env.process(self._start(ticket, replay[self.asked - 1] if self.asked <= len(replay)
-                                             else settings.startup_s))
+            replay = settings.startups
+            startup_s = replay[self.asked] if self.asked < len(replay) else settings.startup_s
+            self.asked += 1
+            self.sim.env.process(self._start(ticket, startup_s))
         while len(self.pool.replicas) + len(self.starting) > target:
             if self.starting:
                 self.starting.pop()[0] = True

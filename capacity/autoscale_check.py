@@ -15,9 +15,9 @@ the last answer, within ±1 of the simulated count at every sample; p95 of the w
 ±20 %. Printed beside them: the p95 of each step, the seconds off by more than one replica, the
 time slack that would put every second within ±1 (how far apart in time the two scaled, which the
 1-s samples cannot tell), when the controller and the simulated one decided to scale up and down
-(the controller's target, polled with the replicas), and the requests each turned away. Ends with one JSON line: {"engine": "paced",
-"autoscaling": {...}, "figures": [{"run", "load", "metric", "real", "simulated", "error",
-"tolerance"}...], "within": true|false}.
+(the controller's target, polled with the replicas), and the requests each turned away. Ends with
+one JSON line: {"engine": "paced", "autoscaling": {...}, "figures": [{"run", "load", "metric",
+"real", "simulated", "error", "tolerance"}...], "within": true|false}.
 """
 
 from __future__ import annotations
