@@ -19,6 +19,7 @@ import dataclasses
 import itertools
 import logging
 import math
+import multiprocessing
 import os
 import threading
 import time
@@ -117,7 +118,11 @@ class VllmEngine(GenerationEngine):
         self._aio = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._aio.run_forever, name=f"vllm-{name}", daemon=True)
         self._thread.start()
+        before = {p.pid for p in multiprocessing.active_children()}
         self._llm = self._call(self._start(options))
+        # vLLM's engine-core processes, joined at shutdown: vLLM kills one that outlives its grace
+        # period but returns before it has gone.
+        self._procs = [p for p in multiprocessing.active_children() if p.pid not in before]
 
     async def _start(self, options):
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -172,6 +177,8 @@ class VllmEngine(GenerationEngine):
     def shutdown(self) -> None:
         """Stop vLLM's engine processes and this engine's loop (a replica's end does it too)."""
         self._llm.shutdown()
+        for proc in self._procs:
+            proc.join(timeout=10)
         self._aio.call_soon_threadsafe(self._aio.stop)
         self._thread.join(timeout=10)
 
