@@ -13,6 +13,7 @@ import time
 import uuid
 import weakref
 
+from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 from ray.serve.metrics import Counter, Histogram
@@ -24,7 +25,7 @@ from tandem.admission import Admission
 from tandem.chat_schema import short
 from tandem.auth import check_authorization, load_api_keys
 from tandem.config import TandemConfig
-from tandem.errors import NotFound, Overloaded, PayloadTooLarge, StageTimeout, TandemError
+from tandem.errors import NotFound, Overloaded, PayloadTooLarge, ReplicaLost, StageTimeout, TandemError
 from tandem.pipeline import Pipeline, Stages
 from tandem.schemas import GenerationOutput, GenerationRequest, TandemResult, TokenDelta
 
@@ -34,23 +35,53 @@ _LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 
 _TPOT_BOUNDARIES_MS = [0.5, 1, 2, 5, 10, 20, 30, 50, 75, 100, 200, 500]
 
 
+_TRIES_ON_LOST_REPLICA = 3
+_LOST_REPLICA = "a model replica was lost while answering; retry shortly"
+
+
+async def _on_a_live_replica(send):
+    """Awaits `send()`, and sends again when the replica it reached died before answering (killed,
+    its node lost): a handle drops a replica from its choices once a call to it fails, so the next
+    try goes to a live one, or waits for the replacement within the stage's deadline. A model call
+    is a pure function of its request, so sending it again is safe; a stream that already forwarded
+    text is not sent again (the client has seen it), nor is a call that ran out of tries: both are
+    a 503 the client may retry."""
+    for attempt in range(_TRIES_ON_LOST_REPLICA):
+        try:
+            return await send()
+        except RayActorError as err:
+            if attempt == _TRIES_ON_LOST_REPLICA - 1:
+                raise ReplicaLost(_LOST_REPLICA, retry_after_s=1) from err
+            logger.warning("a model replica was lost (%s); sending the call again", type(err).__name__)
+            await asyncio.sleep(0.05 * 2 ** attempt)  # lets the handle hear of the death first
+
+
 def _generate_stage(handle: DeploymentHandle):
     """A pipeline stage over a model server: unary, or streamed (`stream=True`) when the pipeline
     wants the text as it is decoded. Leaving a stream early cancels it on the replica."""
-    async def call(request: GenerationRequest, sink=None) -> GenerationOutput:
-        if sink is None:
-            return await handle.generate.remote(request)
+    async def streamed(request: GenerationRequest, sink) -> GenerationOutput:
         events = handle.options(stream=True).stream.remote(request)
+        forwarded = False
         try:
             async for event in events:
                 if isinstance(event, TokenDelta):
+                    forwarded = True
                     sink(event.text)
                 else:
                     return event
+        except RayActorError as err:
+            if forwarded:  # the client has seen part of this stream: it is not sent again
+                raise ReplicaLost(_LOST_REPLICA, retry_after_s=1) from err
+            raise
         except BaseException:
             events.cancel()
             raise
         raise RuntimeError("the model server's stream ended without an output")
+
+    async def call(request: GenerationRequest, sink=None) -> GenerationOutput:
+        if sink is None:
+            return await _on_a_live_replica(lambda: handle.generate.remote(request))
+        return await _on_a_live_replica(lambda: streamed(request, sink))
     return call
 
 
@@ -62,7 +93,7 @@ class Router:
         self.model_handles = {"VisionEncoder": vision, "SmallReasoner": small, "LargeAnswerer": large}
         self.admission = Admission(config.http.max_in_flight)
         self.pipeline = Pipeline(config, Stages(
-            encode=lambda images, role: vision.encode.remote(images, role),
+            encode=lambda images, role: _on_a_live_replica(lambda: vision.encode.remote(images, role)),
             small=_generate_stage(small), large=_generate_stage(large)))
         self.requests = Counter("tandem_requests", "Answered requests by policy and path.", ("policy", "path"))
         self.errors = Counter("tandem_errors", "Failed requests by HTTP status.", ("status",))

@@ -48,6 +48,13 @@ class FeaturesLost(TandemError):
     status, error_type = 503, "service_unavailable_error"
 
 
+class ReplicaLost(TandemError):
+    """A model replica died before it answered, and sending the call again did not reach a live
+    one (or its stream had already sent text): the client may retry."""
+
+    status, error_type = 503, "service_unavailable_error"
+
+
 class StageTimeout(TandemError):
     status, error_type = 504, "timeout_error"
 

@@ -1,6 +1,6 @@
 """Replica affinity under real Serve, with two replicas of each model: a request's later stage on a
 model lands on the replica that ran its earlier one (where its prompt head is kept), and when that
-replica is gone the stage still answers on another (the default choice)."""
+replica is gone the Router's stage call still answers on another, sent right after the death."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import httpx
 import pytest
 
+from deployments.router import _generate_stage
 from tandem.schemas import GenerationRequest, SamplingParams
 from tests.conftest import make_png
 from tests.serve.conftest import ENGINE, app_configs, deploy, handle
@@ -64,14 +65,15 @@ def _kill(unique_id: str) -> None:
 
 async def test_when_the_first_stages_replica_is_gone_the_next_stage_still_answers(url):
     large = handle("LargeAnswerer", app="pair")
+    call = _generate_stage(large)  # as the Router calls a stage
 
     def stage(tokens: int) -> GenerationRequest:
         return GenerationRequest("<|im_start|>user\nwhich one?<|im_end|>\n<|im_start|>assistant\n", [],
                                  SamplingParams(max_tokens=tokens), request_id="affinity-kill")
 
-    first = await large.generate.remote(stage(2))
-    second = await large.generate.remote(stage(3))
+    first = await call(stage(2))
+    second = await call(stage(3))
     assert second.replica == first.replica and second.cached_tokens >= (0 if ENGINE == "vllm" else 1)
     _kill(first.replica)
-    third = await large.generate.remote(stage(3))
+    third = await call(stage(3))  # affinity names the dead replica until the handle hears of it
     assert third.replica != first.replica and third.completion_tokens >= 1

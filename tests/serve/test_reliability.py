@@ -271,7 +271,8 @@ def test_a_replica_killed_during_a_burst_is_replaced_and_no_request_hangs(serve_
         time.sleep(3)
         stop.set()
     statuses = {s for s, _ in outcomes}
-    assert "hang" not in statuses and statuses <= {200, 500, 503, 504}, outcomes
+    # A call the dead replica had not answered goes to the replacement: no 500, none hangs.
+    assert "hang" not in statuses and statuses <= {200, 503, 504}, outcomes
     assert 200 in statuses
     if deployment == "SmallReasoner":  # the large model answers alone while the small one is down
         assert all(s == 200 for s, _ in outcomes), outcomes
