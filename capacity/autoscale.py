@@ -85,8 +85,10 @@ class Autoscaler:
         self.targets = [(0.0, self.target)]
 
     def requests(self) -> int:
+        """What Serve's handles report for the pool: each call from its send to its answer (its hop
+        included), running on a replica or queued in the handle for one."""
         pool = self.pool
-        return sum(r.ongoing for r in pool.replicas) + len(pool.waiting)
+        return sum(r.ongoing for r in pool.replicas) + len(pool.waiting) + pool.sending
 
     def run(self):
         cfg, env = self.cfg, self.sim.env

@@ -62,6 +62,7 @@ class Pool:
         self.replicas = [Replica(self, i) for i in range(n)]  # those taking jobs
         self.retired: list[Replica] = []  # autoscaled away
         self.waiting: deque = deque()  # the callers' queue: jobs no replica has room for yet
+        self.sending = 0  # calls in their hop (RPC, feature fetch) to a replica: a handle counts them
         self.queue_limit = queue_limit
         # Looked up for every call (millions): the settings the pool keeps for the run.
         self.is_router, self.limit, self.admit = name == "Router", settings.max_ongoing, settings.admit
@@ -72,8 +73,8 @@ class Pool:
         self.queue_s = array("d")
         self.rejected = 0
         self.batches = self.batched = 0  # batches run and jobs in them (decoders: steps and rows)
-        # Jobs in the pool (at its replicas or queued for one) now, and their time integral: the mean
-        # a replica holds is what an autoscaling target is set against.
+        # Calls in the pool (on their hop, queued for a replica or at one) now, and their time
+        # integral: the mean a replica holds is what an autoscaling target is set against.
         self.held, self.held_area, self.held_since = 0, 0.0, 0.0
 
     def _widths(self) -> None:
@@ -133,13 +134,23 @@ class Pool:
             j = bits(k)
         return reps[i], reps[j]
 
+    def send(self) -> None:
+        """A call sets off on its hop to the pool (RPC, feature fetch): Serve's handle counts it from now."""
+        self.sending += 1
+        self._hold(1)
+
+    def arrived(self) -> None:
+        self.sending -= 1
+        self._hold(-1)
+
     def _hold(self, delta: int) -> None:
         now = self.sim.env.now
         self.held_area += self.held * (now - self.held_since)
         self.held, self.held_since = self.held + delta, now
 
     def held_mean(self, now: float) -> float:
-        """Jobs in the pool on average since the start."""
+        """Calls in the pool on average since the start, as Serve's handles count them: on their hop,
+        queued for a replica or at one."""
         return (self.held_area + self.held * (now - self.held_since)) / now if now else 0.0
 
     def follow(self, job) -> Replica | None:

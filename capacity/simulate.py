@@ -213,9 +213,14 @@ class Simulation:
             for _ in range(copies):
                 req.pending += 1
                 if overhead:  # the call's RPC and feature fetch come before the replica sees it
-                    self._cpu(overhead, "overhead", lambda c=call, p=pool: self._submit(req, c, p))
+                    pool.send()
+                    self._cpu(overhead, "overhead", lambda c=call, p=pool: self._arrive_at(req, c, p))
                 elif not self._submit(req, call, pool):
                     return
+
+    def _arrive_at(self, req: Request, call: Call, pool: Pool) -> None:
+        pool.arrived()
+        self._submit(req, call, pool)
 
     def _submit(self, req: Request, call: Call, pool: Pool) -> bool:
         if req.failed:

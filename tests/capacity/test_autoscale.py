@@ -103,6 +103,26 @@ def test_a_replayed_run_starts_each_new_replica_in_its_own_measured_time():
     assert len(asked) == 3 and came == pytest.approx(sorted([asked[0] + 0.5, asked[1] + 6.0, asked[2] + 2.0]))
 
 
+def test_a_call_counts_toward_its_pools_total_from_its_send_as_serves_handle_counts_it():
+    """Fast replicas behind a slow hop (1 s of RPC and fetch per generate call): what the pool's
+    replicas hold is small, what its callers have out is not, and Serve scales on the latter."""
+    from capacity.simulate import Simulation
+
+    def peak(hop_ms: float) -> int:
+        a = Autoscaling(min_replicas=1, max_replicas=4, target_ongoing_requests=1, metrics_interval_s=1.0,
+                        look_back_period_s=2.0, upscale_delay_s=1.0, downscale_delay_s=5.0)
+        s = settings(max_batch_size=8)
+        s["LargeAnswerer"] = dataclasses.replace(s["LargeAnswerer"], autoscaling=a, startup_s=0.5)
+        p = Profile.from_dict({**profile_dict(step=(1.0, 1.0)), "calls": {"encode": 0.0, "generate": hop_ms}})
+        sim = Simulation(p, Workload.mutual(0.0, AGREE), {}, s)
+        r = sim.run(duration_s=20.0, warmup_s=0.0, arrivals=step_arrivals([(0, 4.0)], 20.0, seed=3), drain_s=20.0)
+        assert r["unfinished"] == 0
+        return max(n for _, n in r["pools"]["LargeAnswerer"]["timeline"])
+
+    assert peak(0.0) == 1  # 4 req/s of ~10-ms calls: well under one ongoing call
+    assert peak(1000.0) >= 3  # each call is out ~1 s: about 4 at once
+
+
 def test_configs_autoscale_only_when_asked_and_scaling_to_zero_is_refused():
     gpu = settings_from_config(ROOT / "serve_config.gpu.yaml")
     assert all(s.autoscaling is None for s in gpu.values())
