@@ -91,19 +91,24 @@ class Autoscaler:
         return sum(r.ongoing for r in pool.replicas) + len(pool.waiting) + pool.sending
 
     def run(self):
+        """Records, pushes and control ticks on one clock whose tick divides all three periods (to the
+        ms), so none is rounded to the control loop's 0.1 s; at the same instant, in that order."""
         cfg, env = self.cfg, self.sim.env
-        record_every = max(1, round(min(RECORD_FACTOR * cfg.look_back_period_s, cfg.metrics_interval_s) / CONTROL_LOOP_S))
-        push_every = max(1, round(cfg.metrics_interval_s / CONTROL_LOOP_S))
+        periods_ms = [round(1000 * p) for p in (CONTROL_LOOP_S, min(RECORD_FACTOR * cfg.look_back_period_s,
+                                                                     cfg.metrics_interval_s), cfg.metrics_interval_s)]
+        base_ms = math.gcd(*periods_ms)
+        control_every, record_every, push_every = (max(1, ms // base_ms) for ms in periods_ms)
         tick = 0
         while True:
-            now = tick * CONTROL_LOOP_S
+            now = tick * base_ms / 1000
             if tick % record_every == 0:
                 self.records.append((now, self.requests()))
             if tick and tick % push_every == 0:
                 self.pushed_at = now
-            self.control(now)
+            if tick % control_every == 0:
+                self.control(now)
             tick += 1
-            yield env.timeout((tick * CONTROL_LOOP_S) - env.now)
+            yield env.timeout((tick * base_ms / 1000) - env.now)
 
     def seen(self, now: float) -> float | None:
         """What the controller averages: the pushed records as a step function (each holds until the

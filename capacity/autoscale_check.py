@@ -3,7 +3,8 @@ load: `python -m capacity.autoscale_check` (~5 min on 2 cores; `--runs N` for mo
 
 The app is serve_config.yaml's on the paced engine (capacity/paced_check.py's profile) with the
 SmallReasoner and LargeAnswerer autoscaled as AUTOSCALING says — Serve's own controller, metrics and
-replica start-up, short delays so a step shows within minutes. The load is an open loop in STEPS
+replica start-up, short delays so a step shows within minutes (`--metrics-interval-s`: how often each
+handle records and pushes a pool's requests, 1 s unless given). The load is an open loop in STEPS
 (1 req/s, 8 from 30 s, 1 again from 90 s, for 150 s), and the simulator replays its very send times
 with the same autoscaling config. Measured in the same run and fed to the simulator: the per-call
 hop costs (zero-time twins, as paced_check), and how long each new replica took from the target
@@ -175,13 +176,14 @@ def p95_by_step(latencies: list[tuple[float, float]]) -> dict[str, float]:
 
 
 def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate: float,
-              paths: list[str | None] | None = None, startups: dict[str, list] | None = None) -> tuple[dict, list]:
+              paths: list[str | None] | None = None, startups: dict[str, list] | None = None,
+              autoscaling: dict = AUTOSCALING) -> tuple[dict, list]:
     """The simulated run on the same sends (each on its path where known), each pool's new replicas
     starting in their measured times (`startup_s` where unknown), and its (send s, latency ms) pairs."""
     settings = settings_from_config(ROOT / "serve_config.yaml")
     for pool in POOLS:
         replay = tuple(startup_s if s is None else s for s in (startups or {}).get(pool, []))
-        settings[pool] = dataclasses.replace(settings[pool], autoscaling=Autoscaling.from_config(AUTOSCALING),
+        settings[pool] = dataclasses.replace(settings[pool], autoscaling=Autoscaling.from_config(autoscaling),
                                              startup_s=startup_s, startups=replay)
     workload = Workload.mutual(transfer_rate, profile["workload"]["stages"])
     sim = Simulation(Profile.from_dict(profile), workload, {}, settings)
@@ -260,7 +262,8 @@ def print_run(run: int, rows: list[dict], startups: dict[str, list], hops: dict)
         print(f"  {r['load']:<22} {r['metric']:<24} real {r['real']!s:>8}  simulated {r['simulated']!s:>8}  {err:>7} {mark}{off}")
 
 
-def run_once(run: int, app, items: list[dict], profile: dict, hops: dict) -> tuple[list[dict], dict]:
+def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
+             autoscaling: dict = AUTOSCALING) -> tuple[list[dict], dict]:
     sends = step_arrivals(STEPS, DURATION_S, seed=run)
     start = time.monotonic()
     with ReplicaPoller(start) as poller:
@@ -268,7 +271,7 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict) -> tup
         time.sleep(2.0)
     startup, startups = poller.startup_s() or 0.0, {p: poller.startups(p) for p in POOLS}
     sim, sim_latencies = simulated(profile, measured["sent"], startup, PACED_PROFILE["workload"]["transfer_rate"],
-                                   measured["paths"], startups)
+                                   measured["paths"], startups, autoscaling)
     rows = figures(run, poller, measured, sim, sim_latencies)
     print_run(run, rows, startups, hops)
     poll = {"median_s": round(statistics.median(poller.took), 3), "max_s": round(max(poller.took), 3)} if poller.took else {}
@@ -298,28 +301,31 @@ def settle(poller_app: str = "tandem", timeout_s: float = 120.0) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=int, default=1, help="step loads, one after another on the same app")
+    p.add_argument("--metrics-interval-s", type=float, default=AUTOSCALING["metrics_interval_s"],
+                   help="the pools' metrics_interval_s: how often each handle records and pushes their requests")
     p.add_argument("--out", default=str(ROOT / "results"))
     args = p.parse_args(argv)
+    autoscaling = {**AUTOSCALING, "metrics_interval_s": args.metrics_interval_s}
     out = Path(args.out) / f"autoscale-check-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(PACED_PROFILE, indent=1))
     (out / "zero.json").write_text(json.dumps(zero_profile(PACED_PROFILE), indent=1))
     print(f"autoscale_check: {args.runs} run(s) of an open loop in steps {STEPS} for {DURATION_S:.0f} s; "
-          f"{', '.join(POOLS)} autoscaled with {AUTOSCALING}")
+          f"{', '.join(POOLS)} autoscaled with {autoscaling}")
     items, rows, runs = bodies(64, seed=0), [], []
-    with paced_app(out / "profile.json", out / "zero.json", autoscaled=dict.fromkeys(POOLS, AUTOSCALING)) as app:
+    with paced_app(out / "profile.json", out / "zero.json", autoscaled=dict.fromkeys(POOLS, autoscaling)) as app:
         asyncio.run(closed_loop(app.url, items, 1, 3.0))  # warm-up, below the target
         for run in range(1, args.runs + 1):
             hops = measure_hops(app.url, items, 10.0)
             settle()
-            time.sleep(AUTOSCALING["look_back_period_s"] + AUTOSCALING["metrics_interval_s"])
-            run_rows, detail = run_once(run, app, items, {**PACED_PROFILE, "calls": hops["calls"]}, hops)
+            time.sleep(autoscaling["look_back_period_s"] + autoscaling["metrics_interval_s"])
+            run_rows, detail = run_once(run, app, items, {**PACED_PROFILE, "calls": hops["calls"]}, hops, autoscaling)
             rows += run_rows
             runs.append(detail)
     (out / "autoscale_check.json").write_text(json.dumps({"runs": runs, "figures": rows}, indent=1, default=str))
     print(f"results: {out}")
     bars = [r for r in rows if r["within"] is not None]
-    print(json.dumps({"engine": "paced", "autoscaling": AUTOSCALING,
+    print(json.dumps({"engine": "paced", "autoscaling": autoscaling,
                       "figures": [{k: r[k] for k in ("run", "load", "metric", "real", "simulated", "error", "tolerance")}
                                   for r in bars], "within": all(r["within"] for r in bars)}))
     return 0

@@ -103,6 +103,17 @@ def test_a_replayed_run_starts_each_new_replica_in_its_own_measured_time():
     assert len(asked) == 3 and came == pytest.approx(sorted([asked[0] + 0.5, asked[1] + 6.0, asked[2] + 2.0]))
 
 
+def test_metrics_are_recorded_and_pushed_at_their_own_period_and_decided_on_the_control_loop():
+    """A metrics interval that is no multiple of the control loop's 0.1 s (0.25 s) is kept, not rounded."""
+    sim, r, _ = _step_sim(metrics_interval_s=0.25)
+    scaler = sim.autoscalers["LargeAnswerer"]
+    times = [t for t, _ in scaler.records]
+    assert len(times) > 4 and all(b - a == pytest.approx(0.25) for a, b in zip(times, times[1:]))
+    assert scaler.pushed_at / 0.25 == pytest.approx(round(scaler.pushed_at / 0.25))
+    decisions = [t for t, _ in r["pools"]["LargeAnswerer"]["targets"][1:]]
+    assert decisions and all(t / 0.1 == pytest.approx(round(t / 0.1)) for t in decisions)
+
+
 def test_a_call_counts_toward_its_pools_total_from_its_send_as_serves_handle_counts_it():
     """Fast replicas behind a slow hop (1 s of RPC and fetch per generate call): what the pool's
     replicas hold is small, what its callers have out is not, and Serve scales on the latter."""
