@@ -16,7 +16,9 @@ the last answer, within ±1 of the simulated count at every sample; p95 of the w
 ±20 %. Printed beside them: the p95 of each step, the seconds off by more than one replica, the
 time slack that would put every second within ±1 (how far apart in time the two scaled, which the
 1-s samples cannot tell), when the controller and the simulated one decided to scale up and down
-(the controller's target, polled with the replicas), and the requests each turned away. Ends with
+(the controller's target, polled with the replicas), the answered requests each held in flight on
+average (over each step and the 5 s after each change of rate, where the look-back means cross
+their thresholds), and the requests each turned away. Ends with
 one JSON line: {"engine": "paced", "autoscaling": {...}, "figures": [{"run", "load", "metric",
 "real", "simulated", "error", "tolerance"}...], "within": true|false}.
 """
@@ -175,6 +177,16 @@ def p95_by_step(latencies: list[tuple[float, float]]) -> dict[str, float]:
     return out
 
 
+def in_flight(latencies: list[tuple[float, float]]) -> dict[str, float]:
+    """Answered requests in flight on average, from (send s, latency ms): over each step, and over the
+    5 s after each change of rate, where a pool's look-back mean crosses its thresholds."""
+    windows = {f"{rate:g}/s from {start:g} s": (start, STEPS[i + 1][0] if i + 1 < len(STEPS) else DURATION_S)
+               for i, (start, rate) in enumerate(STEPS)}
+    windows.update({f"{start:g}-{start + 5:g} s": (start, start + 5.0) for start, _ in STEPS[1:]})
+    return {name: round(sum(max(0.0, min(b, sent + ms / 1000) - max(a, sent)) for sent, ms in latencies) / (b - a), 3)
+            for name, (a, b) in windows.items()}
+
+
 def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate: float,
               paths: list[str | None] | None = None, startups: dict[str, list] | None = None,
               autoscaling: dict = AUTOSCALING) -> tuple[dict, list]:
@@ -243,6 +255,11 @@ def figures(run: int, poller: ReplicaPoller, measured: dict, sim: dict, sim_late
         rows.append({"run": run, "load": f"step {step}" if not bar else "whole run", "metric": "p95_ms", "real": real,
                      "simulated": s, "error": error, "tolerance": P95_TOLERANCE if bar else None,
                      "within": (error is not None and abs(error) <= P95_TOLERANCE) if bar else None})
+    real_held, sim_held = in_flight(measured["latencies"]), in_flight(sim_latencies)
+    for window, real in real_held.items():
+        rows.append({"run": run, "load": f"in flight {window}", "metric": "requests (mean)", "real": real,
+                     "simulated": sim_held[window], "error": round(sim_held[window] - real, 3), "tolerance": None,
+                     "within": None})
     return rows
 
 
@@ -254,12 +271,14 @@ def print_run(run: int, rows: list[dict], startups: dict[str, list], hops: dict)
             err = "-"
         elif r["metric"].endswith("(s)"):
             err = f"{r['error']:+.2f} s"
+        elif r["metric"] == "requests (mean)":
+            err = f"{r['error']:+.2f}"
         else:
             err = f"{r['error']:+d}" if isinstance(r["error"], int) else f"{r['error']:+.1%}"
         off = (f"  ({r['seconds_off']} of {r['seconds']} s off by more than 1, worst at {r['at_s']} s; "
                f"within ±1 at every second given {r['slack_s']} s of slack in time)"
                if "seconds_off" in r else "")
-        print(f"  {r['load']:<22} {r['metric']:<24} real {r['real']!s:>8}  simulated {r['simulated']!s:>8}  {err:>7} {mark}{off}")
+        print(f"  {r['load']:<24} {r['metric']:<24} real {r['real']!s:>8}  simulated {r['simulated']!s:>8}  {err:>7} {mark}{off}")
 
 
 def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,

@@ -204,6 +204,16 @@ def test_the_check_reads_the_worst_second_and_the_whole_runs_p95():
     assert sum(1 for load, metric in rows if load.startswith("step")) == len(STEPS)
 
 
+def test_the_check_reads_the_requests_in_flight_over_each_step_and_after_each_change():
+    from capacity.autoscale_check import in_flight
+
+    # One request from 29 s for 2 s (half its time in each of the first two steps), one from 91 s for 4 s.
+    held = in_flight([(29.0, 2000.0), (91.0, 4000.0)])  # rounded to 3 decimals
+    expected = {"1/s from 0 s": 1 / 30, "8/s from 30 s": 1 / 60, "1/s from 90 s": 4 / 60, "30-35 s": 1 / 5,
+                "90-95 s": 4 / 5}
+    assert held == pytest.approx(expected, abs=1e-3)
+
+
 def test_the_check_times_each_new_replica_from_the_target_that_asked_for_it():
     from capacity.autoscale_check import ReplicaPoller
 
