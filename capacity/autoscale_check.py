@@ -167,21 +167,25 @@ async def scheduled_loop(url: str, items: list[dict], sends: list[float]) -> dic
             "last_end_s": max(end for *_, end in records)}
 
 
+def step_windows() -> dict[str, tuple[float, float]]:
+    """Each step of the load, named by its rate and start: (start s, end s)."""
+    return {f"{rate:g}/s from {start:g} s": (start, STEPS[i + 1][0] if i + 1 < len(STEPS) else DURATION_S)
+            for i, (start, rate) in enumerate(STEPS)}
+
+
 def p95_by_step(latencies: list[tuple[float, float]]) -> dict[str, float]:
     """The p95 of the whole run and of each step's requests (by send time), from (send s, latency ms)."""
     out = {"all": round(percentile([ms for _, ms in latencies], 95), 1)}
-    for i, (start, rate) in enumerate(STEPS):
-        end = STEPS[i + 1][0] if i + 1 < len(STEPS) else DURATION_S
+    for name, (start, end) in step_windows().items():
         lats = [ms for sent, ms in latencies if start <= sent < end]
-        out[f"{rate:g}/s from {start:g} s"] = round(percentile(lats, 95), 1) if lats else None
+        out[name] = round(percentile(lats, 95), 1) if lats else None
     return out
 
 
 def in_flight(latencies: list[tuple[float, float]]) -> dict[str, float]:
     """Answered requests in flight on average, from (send s, latency ms): over each step, and over the
     5 s after each change of rate, where a pool's look-back mean crosses its thresholds."""
-    windows = {f"{rate:g}/s from {start:g} s": (start, STEPS[i + 1][0] if i + 1 < len(STEPS) else DURATION_S)
-               for i, (start, rate) in enumerate(STEPS)}
+    windows = step_windows()
     windows.update({f"{start:g}-{start + 5:g} s": (start, start + 5.0) for start, _ in STEPS[1:]})
     return {name: round(sum(max(0.0, min(b, sent + ms / 1000) - max(a, sent)) for sent, ms in latencies) / (b - a), 3)
             for name, (a, b) in windows.items()}
