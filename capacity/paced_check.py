@@ -12,7 +12,9 @@ simulator charges are taken (`calls`), measured in the same run. Then, per run: 
 4 and 16 and an open loop at `--open-fraction` of the throughput measured at 16, each simulated
 with the same profile, settings and (for the open loop) arrival times. Bars: throughput and p50
 within ±15 %, p95 within ±20 %, in every run. Prints a table per run, each stage call's mean time
-real and simulated under it (where a miss comes from), and ends with one JSON line:
+real and simulated under it (where a miss comes from) with the VisionEncoder's calls per batch
+(read from its replica's `stats()`: the check joins the app's Ray cluster as a driver for that),
+and ends with one JSON line:
 {"engine": "paced", "figures": [{"run", "load", "metric", "real", "simulated", "error", "tolerance"}...],
 "within": true|false}.
 """
@@ -106,14 +108,46 @@ def measure_hops(url: str, items: list[dict], duration_s: float) -> dict:
             "calls": hop_costs(agree["p50_ms"], transfer["p50_ms"], PACED_PROFILE["router"]["ms"])}
 
 
-def run_loads(url: str, items: list[dict], duration_s: float, open_fraction: float, seed: int) -> list[dict]:
+class VisionBatches:
+    """The served VisionEncoder's batches, for the calls-per-batch each load ran at. Joins the app's
+    local Ray cluster as a driver only to read the replica's `stats()`; `since()` gives the mean
+    batch since the last call."""
+
+    def __init__(self, app: str = "tandem"):
+        import ray
+        from ray import serve
+
+        ray.init(address="auto", log_to_driver=False, logging_level="ERROR")
+        self.handle = serve.get_deployment_handle("VisionEncoder", app_name=app)
+        self.seen = len(self._sizes())
+
+    def _sizes(self) -> list[int]:
+        return self.handle.stats.remote().result()["batch_sizes"]
+
+    def since(self) -> float | None:
+        sizes = self._sizes()
+        new, self.seen = sizes[self.seen:], len(sizes)
+        return round(sum(new) / len(new), 2) if new else None
+
+    def close(self) -> None:
+        import ray
+
+        ray.shutdown()
+
+
+def run_loads(url: str, items: list[dict], duration_s: float, open_fraction: float, seed: int,
+              batches: VisionBatches | None = None) -> list[dict]:
+    def vision_batch() -> float | None:  # the load's mean, from the batches since the last call
+        return batches.since() if batches else None
+
     points = []
     for c in (1, 4, 16):
-        points.append({"load": f"closed c={c}", "concurrency": c,
-                       "measured": asyncio.run(closed_loop(url, items, c, duration_s))})
+        vision_batch()
+        measured = asyncio.run(closed_loop(url, items, c, duration_s))
+        points.append({"load": f"closed c={c}", "concurrency": c, "measured": {**measured, "vision_batch": vision_batch()}})
     rate = open_fraction * points[-1]["measured"]["throughput_rps"]
     measured = asyncio.run(open_loop(url, items, rate, duration_s, seed))
-    points.append({"load": f"open {rate:.1f}/s", "rate": rate, "measured": measured})
+    points.append({"load": f"open {rate:.1f}/s", "rate": rate, "measured": {**measured, "vision_batch": vision_batch()}})
     return points
 
 
@@ -157,8 +191,29 @@ def print_stages(points: list[dict]) -> None:
     print("       stage calls, mean ms real/simulated:")
     for p in points:
         real, sim = p["measured"].get("stage_ms", {}), p["simulated"].get("stage_ms", {})
+        vision = p["simulated"]["pools"]["VisionEncoder"]["mean_batch"]
         print(f"       {p['load']:<16} " + ", ".join(f"{name} {real[name]:.0f}/{sim[name]:.0f}"
-                                                    for name in real if name in sim))
+                                                    for name in real if name in sim)
+              + f"; VisionEncoder calls per batch {p['measured'].get('vision_batch')}/{vision}")
+
+
+def run_all(url: str, items: list[dict], settings: dict, args, batches: VisionBatches) -> tuple[list, list]:
+    """Every run: the hops measured on the zero-time copies, then each load real and simulated."""
+    rows, runs = [], []
+    for run in range(1, args.runs + 1):
+        hops = measure_hops(url, items, min(args.duration_s, 15.0))
+        profile = {**PACED_PROFILE, "calls": hops["calls"]}
+        points = run_loads(url, items, args.duration_s, args.open_fraction, seed=run, batches=batches)
+        for point in points:
+            point["simulated"] = simulated(profile, point, settings, args.duration_s)
+        run_rows = figures(run, points)
+        print(f"hops (zero-time copies, c=1): agree {hops['agree_p50_ms']} ms, transfer "
+              f"{hops['transfer_p50_ms']} ms -> per call {hops['calls']}")
+        print_run(run, run_rows)
+        print_stages(points)
+        rows += run_rows
+        runs.append({"run": run, "hops": hops, "points": [{k: v for k, v in pt.items()} for pt in points]})
+    return rows, runs
 
 
 def main(argv=None) -> int:
@@ -179,22 +234,13 @@ def main(argv=None) -> int:
           f"{args.open_fraction}x the c=16 throughput, {args.duration_s:.0f} s each; serve_config.yaml on the paced "
           f"engine ({out / 'profile.json'}), one replica a pool")
     items, settings = bodies(64, seed=0), settings_from_config(ROOT / "serve_config.yaml")
-    rows, runs = [], []
     with paced_app(out / "profile.json", out / "zero.json") as app:
         asyncio.run(closed_loop(app.url, items, 4, 5.0))  # warm-up
-        for run in range(1, args.runs + 1):
-            hops = measure_hops(app.url, items, min(args.duration_s, 15.0))
-            profile = {**PACED_PROFILE, "calls": hops["calls"]}
-            points = run_loads(app.url, items, args.duration_s, args.open_fraction, seed=run)
-            for point in points:
-                point["simulated"] = simulated(profile, point, settings, args.duration_s)
-            run_rows = figures(run, points)
-            print(f"hops (zero-time copies, c=1): agree {hops['agree_p50_ms']} ms, transfer "
-                  f"{hops['transfer_p50_ms']} ms -> per call {hops['calls']}")
-            print_run(run, run_rows)
-            print_stages(points)
-            rows += run_rows
-            runs.append({"run": run, "hops": hops, "points": [{k: v for k, v in pt.items()} for pt in points]})
+        batches = VisionBatches()
+        try:
+            rows, runs = run_all(app.url, items, settings, args, batches)
+        finally:
+            batches.close()
     (out / "sim_check.json").write_text(json.dumps({"runs": runs, "figures": rows}, indent=1, default=str))
     print(f"results: {out}")
     print(json.dumps({"engine": "paced", "figures": [{k: r[k] for k in ("run", "load", "metric", "real", "simulated",

@@ -39,8 +39,11 @@ def test_the_paced_profile_simulates_and_the_figures_carry_the_bars():
     assert rows[1]["error"] == pytest.approx(0.2) and rows[2]["tolerance"] == 0.2
 
 
-def test_each_loads_stage_calls_print_real_beside_simulated(capsys):
-    points = [{"load": "closed c=16", "measured": {"stage_ms": {"encode_small": 131.2, "small_direct": 830.4}},
-               "simulated": {"stage_ms": {"encode_small": 137.4, "small_direct": 841.9, "large_direct": 771.8}}}]
+def test_each_loads_stage_calls_and_vision_batches_print_real_beside_simulated(capsys):
+    points = [{"load": "closed c=16", "measured": {"stage_ms": {"encode_small": 131.2, "small_direct": 830.4},
+                                                   "vision_batch": 1.31},
+               "simulated": {"stage_ms": {"encode_small": 137.4, "small_direct": 841.9, "large_direct": 771.8},
+                             "pools": {"VisionEncoder": {"mean_batch": 2.0}}}}]
     print_stages(points)
-    assert "closed c=16      encode_small 131/137, small_direct 830/842" in capsys.readouterr().out
+    assert ("closed c=16      encode_small 131/137, small_direct 830/842; VisionEncoder calls per batch 1.31/2.0"
+            in capsys.readouterr().out)
