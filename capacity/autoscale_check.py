@@ -18,7 +18,8 @@ time slack that would put every second within ±1 (how far apart in time the two
 1-s samples cannot tell), when the controller and the simulated one decided to scale up and down
 (the controller's target, polled with the replicas), the answered requests each held in flight on
 average (over each step and the 5 s after each change of rate, where the look-back means cross
-their thresholds), and the requests each turned away. Ends with
+their thresholds), each stage call's mean time by step (from the traces' `latency_ms`), and the
+requests each turned away. Ends with
 one JSON line: {"engine": "paced", "autoscaling": {...}, "figures": [{"run", "load", "metric",
 "real", "simulated", "error", "tolerance"}...], "within": true|false}.
 """
@@ -149,19 +150,24 @@ async def scheduled_loop(url: str, items: list[dict], sends: list[float]) -> dic
 
     away = collections.Counter()
     paths: list[str | None] = [None] * len(sends)  # each send's path, once answered
+    stages: list[dict | None] = [None] * len(sends)  # and its stage calls' ms
+
+    def took(i: int, trace: dict) -> None:
+        paths[i] = trace["path"]
+        stages[i] = {k: v for k, v in trace.get("latency_ms", {}).items() if k not in ("total", "selector")}
 
     async def one(http, body, i, due):
         await asyncio.sleep(max(0.0, start + due - time.monotonic()))
         sent = time.monotonic() - start
-        status, latency_ms, end = await _post(http, url, body, turned_away=away,
-                                              took=functools.partial(paths.__setitem__, i))
+        status, latency_ms, end = await _post(http, url, body, turned_away=away, took=functools.partial(took, i))
         return sent, status, latency_ms, end - start
 
     async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=1000)) as http:
         tasks = [one(http, items[i % len(items)], i, due) for i, due in enumerate(sends)]
         records = await asyncio.gather(*tasks)
     ok = [(sent, lat) for sent, status, lat, _ in records if status == 200]
-    return {"sent": [round(s, 6) for s, *_ in records], "paths": paths, "latencies": ok,
+    calls = [(sent, stage, ms) for (sent, *_), st in zip(records, stages) for stage, ms in (st or {}).items()]
+    return {"sent": [round(s, 6) for s, *_ in records], "paths": paths, "latencies": ok, "calls": calls,
             "errors": dict(collections.Counter(str(status) for _, status, *_ in records if status != 200)),
             "turned_away": dict(away),
             "last_end_s": max(end for *_, end in records)}
@@ -191,11 +197,24 @@ def in_flight(latencies: list[tuple[float, float]]) -> dict[str, float]:
             for name, (a, b) in windows.items()}
 
 
+def stage_ms_by_step(calls: list[tuple[float, str, float]]) -> dict[str, dict[str, float]]:
+    """Each stage call's mean ms over the requests sent in each step, from (send s, stage, ms)."""
+    out = {}
+    for name, (a, b) in step_windows().items():
+        times = collections.defaultdict(list)
+        for sent, stage, ms in calls:
+            if a <= sent < b:
+                times[stage].append(ms)
+        out[name] = {stage: round(statistics.mean(v), 1) for stage, v in sorted(times.items())}
+    return out
+
+
 def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate: float,
               paths: list[str | None] | None = None, startups: dict[str, list] | None = None,
-              autoscaling: dict = AUTOSCALING) -> tuple[dict, list]:
+              autoscaling: dict = AUTOSCALING) -> tuple[dict, list, list]:
     """The simulated run on the same sends (each on its path where known), each pool's new replicas
-    starting in their measured times (`startup_s` where unknown), and its (send s, latency ms) pairs."""
+    starting in their measured times (`startup_s` where unknown): its summary, (send s, latency ms)
+    pairs and (send s, stage, ms) of every stage call."""
     settings = settings_from_config(ROOT / "serve_config.yaml")
     for pool in POOLS:
         replay = tuple(startup_s if s is None else s for s in (startups or {}).get(pool, []))
@@ -203,8 +222,10 @@ def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate
                                              startup_s=startup_s, startups=replay)
     workload = Workload.mutual(transfer_rate, profile["workload"]["stages"])
     sim = Simulation(Profile.from_dict(profile), workload, {}, settings)
+    sim.calls = []
     r = sim.run(duration_s=DURATION_S, warmup_s=0.0, arrivals=sends, paths=paths)
-    return r, [(arrived, latency_s * 1000) for arrived, latency_s, _ in sim.latencies]
+    return (r, [(arrived, latency_s * 1000) for arrived, latency_s, _ in sim.latencies],
+            [(arrived, stage, s * 1000) for arrived, stage, s in sim.calls])
 
 
 def slack_s(real: list[tuple[float, int]], sim: list[tuple[float, int]], seconds: range) -> float:
@@ -285,6 +306,17 @@ def print_run(run: int, rows: list[dict], startups: dict[str, list], hops: dict)
         print(f"  {r['load']:<24} {r['metric']:<24} real {r['real']!s:>8}  simulated {r['simulated']!s:>8}  {err:>7} {mark}{off}")
 
 
+def print_stages(stage_ms: dict[str, dict]) -> None:
+    """Each stage call's mean ms real/simulated, by the step its requests were sent in: which pool's
+    calls run longer where the two hold different numbers of requests."""
+    print("  stage calls, mean ms real/simulated, by the step their requests were sent in:")
+    for step, real in stage_ms["real"].items():
+        sim = stage_ms["simulated"].get(step, {})
+        both = [f"{name} {ms:.0f}/{sim[name]:.0f}" for name, ms in real.items() if name in sim]
+        if both:
+            print(f"    {step:<14} " + ", ".join(both))
+
+
 def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
              autoscaling: dict = AUTOSCALING) -> tuple[list[dict], dict]:
     sends = step_arrivals(STEPS, DURATION_S, seed=run)
@@ -293,10 +325,13 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
         measured = asyncio.run(scheduled_loop(app.url, items, sends))
         time.sleep(2.0)
     startup, startups = poller.startup_s() or 0.0, {p: poller.startups(p) for p in POOLS}
-    sim, sim_latencies = simulated(profile, measured["sent"], startup, PACED_PROFILE["workload"]["transfer_rate"],
-                                   measured["paths"], startups, autoscaling)
+    sim, sim_latencies, sim_calls = simulated(profile, measured["sent"], startup,
+                                              PACED_PROFILE["workload"]["transfer_rate"], measured["paths"], startups,
+                                              autoscaling)
     rows = figures(run, poller, measured, sim, sim_latencies)
     print_run(run, rows, startups, hops)
+    stage_ms = {"real": stage_ms_by_step(measured["calls"]), "simulated": stage_ms_by_step(sim_calls)}
+    print_stages(stage_ms)
     poll = {"median_s": round(statistics.median(poller.took), 3), "max_s": round(max(poller.took), 3)} if poller.took else {}
     print(f"  Serve's REST API answered each poll in {poll.get('median_s')} s (median), {poll.get('max_s')} s at most")
     print(f"  failed: real {measured['errors'] or 0} (503s turned away by {measured['turned_away'] or '-'}); "
@@ -306,7 +341,7 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
                   "real_timeline": {p: poller.timeline(p) for p in POOLS},
                   "real_targets": {p: poller.target_timeline(p) for p in POOLS},
                   "simulated": {p: sim["pools"][p] for p in POOLS},
-                  "real_latencies": measured["latencies"], "simulated_latencies": sim_latencies}
+                  "real_latencies": measured["latencies"], "simulated_latencies": sim_latencies, "stage_ms": stage_ms}
 
 
 def settle(poller_app: str = "tandem", timeout_s: float = 120.0) -> None:

@@ -84,7 +84,7 @@ def turned_away_by(body: str) -> str:
 
 async def _post(http: httpx.AsyncClient, url: str, body: dict, traces: Traces | None = None,
                 turned_away: collections.Counter | None = None,
-                took: Callable[[str], None] | None = None) -> tuple[int | str, float, float]:
+                took: Callable[[dict], None] | None = None) -> tuple[int | str, float, float]:
     start = time.monotonic()
     try:
         r = await http.post(f"{url}/v1/chat/completions", json=body)
@@ -96,8 +96,8 @@ async def _post(http: httpx.AsyncClient, url: str, body: dict, traces: Traces | 
         trace = r.json()["tandem"]
         if traces is not None:
             traces.add(trace)
-        if took is not None:  # the path this very request took
-            took(trace["path"])
+        if took is not None:  # this very request's trace: the path it took, its stage calls' times
+            took(trace)
     if status == 503 and turned_away is not None:
         turned_away[turned_away_by(r.text)] += 1
     return status, (end - start) * 1000, end
@@ -125,7 +125,7 @@ async def open_loop(url: str, items: list[dict], rate: float, duration_s: float,
         async for _ in poisson_sends(rate, seed, duration_s):
             body = items[len(tasks) % len(items)]
             paths.append(None)
-            took = functools.partial(paths.__setitem__, len(paths) - 1)
+            took = functools.partial(lambda i, trace: paths.__setitem__(i, trace["path"]), len(paths) - 1)
             tasks.append(asyncio.ensure_future(_timed(_post(http, url, body, traces, away, took), time.monotonic())))
         records = await asyncio.gather(*tasks)
     # The send times and each one's path, for the simulator to replay: a minute of Poisson arrivals

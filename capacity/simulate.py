@@ -98,6 +98,7 @@ class Simulation:
             total += share
             self._cum.append(total)
         self.on_done = None  # closed loop: called with each finished or rejected request
+        self.calls: list | None = None  # a list to log every ended call in: (request's arrival s, stage, s)
         self.in_flight = 0
         self._unaccounted = (0.0, 0.0, 1)  # seconds at 1 in flight, at `busy` in flight; busy
 
@@ -262,6 +263,8 @@ class Simulation:
         timed = self.stage_s[job.call.stage]
         timed[0] += 1
         timed[1] += self.env.now - req.phase_started
+        if self.calls is not None:
+            self.calls.append((req.arrived, job.call.stage, self.env.now - req.phase_started))
         req.pending -= 1
         if req.pending == 0:
             self._next_phase(req)

@@ -214,6 +214,21 @@ def test_the_check_reads_the_requests_in_flight_over_each_step_and_after_each_ch
     assert held == pytest.approx(expected, abs=1e-3)
 
 
+def test_the_check_compares_each_stage_calls_time_by_the_step_its_request_was_sent_in(capsys):
+    from capacity.autoscale_check import print_stages, stage_ms_by_step
+
+    real = stage_ms_by_step([(10.0, "small_direct", 400.0), (20.0, "small_direct", 500.0),
+                             (31.0, "small_direct", 900.0), (31.0, "encode_small", 120.0), (95.0, "small_direct", 450.0)])
+    assert real == {"1/s from 0 s": {"small_direct": 450.0}, "8/s from 30 s": {"encode_small": 120.0, "small_direct": 900.0},
+                    "1/s from 90 s": {"small_direct": 450.0}}
+    sim = stage_ms_by_step([(5.0, "small_direct", 430.0), (40.0, "small_direct", 850.0)])
+    print_stages({"real": real, "simulated": sim})
+    out = capsys.readouterr().out
+    assert "1/s from 0 s   small_direct 450/430\n" in out and "8/s from 30 s  small_direct 900/850\n" in out
+    assert "encode_small" not in out  # a stage the simulation did not run there is not compared
+    assert "90 s" not in out  # nor a step it ran none in
+
+
 def test_the_check_times_each_new_replica_from_the_target_that_asked_for_it():
     from capacity.autoscale_check import ReplicaPoller
 

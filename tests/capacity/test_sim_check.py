@@ -382,7 +382,7 @@ def test_a_503_is_told_apart_by_where_it_was_turned_away():
 
 def test_a_send_reports_the_path_its_request_took_and_nothing_when_turned_away():
     """What the open loops record beside each send time, for the simulator to replay: the path from
-    the answer's trace; a 503 has none (the simulator draws one for it)."""
+    the answer's trace (and its stage calls' times); a 503 has none (the simulator draws one for it)."""
     import asyncio
 
     import httpx
@@ -400,5 +400,5 @@ def test_a_send_reports_the_path_its_request_took_and_nothing_when_turned_away()
             status, _, _ = await _post(http, "http://app", {"n": n}, took=took.append)
         return [status, took]
 
-    assert asyncio.run(send(1)) == [200, ["transfer"]]
+    assert asyncio.run(send(1)) == [200, [{"path": "transfer", "latency_ms": {"small_direct": 5.0}}]]
     assert asyncio.run(send(0)) == [503, []]

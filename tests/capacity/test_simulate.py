@@ -57,6 +57,20 @@ def test_a_replayed_run_sends_each_request_on_the_path_it_took():
         simulate(p, w, {}, settings(), duration_s=4.0, arrivals=arrivals, paths=paths[1:])
 
 
+def test_a_simulation_asked_to_logs_every_stage_call_under_its_requests_arrival():
+    from capacity.simulate import Simulation
+
+    p = profile()
+    sim = Simulation(p, Workload.mutual(0.5, AGREE), {}, settings())
+    sim.calls = []
+    sim.run(duration_s=2.0, warmup_s=0.0, arrivals=[0.0, 1.0], paths=["transfer", "agree"])
+    by_request = {t: sorted((stage, round(s * 1000, 6)) for a, stage, s in sim.calls if a == t) for t in (0.0, 1.0)}
+    # One at a time, each call takes what it takes alone (test_one_request_at_a_time_takes_exactly_the_sum_of_its_stages).
+    assert by_request[1.0] == [("encode_large", 8.0), ("encode_small", 8.0), ("large_direct", 22.0), ("small_direct", 11.0)]
+    assert by_request[0.0] == sorted(by_request[1.0] + [("large_transfer", 22.0), ("small_reasoning", 45.0)])
+    assert Simulation(p, Workload.mutual(1.0, AGREE), {}, settings()).calls is None  # not unless asked
+
+
 def test_batch_wait_adds_latency_when_a_batch_cannot_fill():
     p = profile()
     no_wait = simulate(p, Workload.mutual(0.0, AGREE), {}, settings(), concurrency=1, duration_s=20)
