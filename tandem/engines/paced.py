@@ -3,7 +3,10 @@ a stage profile says each step takes — a prefill by the joining rows' prompt t
 by the rows running, an encode by the images — as waits, not computation. A served app on it keeps
 everything real but the models (Router, handles, queues, admission, batching, streaming), and its
 service times no longer depend on the machine's CPU: what the capacity simulator's model of Serve is
-checked against (`python -m capacity.sim_check --engine paced`).
+checked against (`python -m capacity.sim_check --engine paced`). A decode step's wait counts from
+the end of the step or prefill before it, so the loop's own CPU between them (choosing and handing on
+tokens, admitting rows) falls inside the step's time, as it does in a step time measured on a model
+server, instead of being added to it by this machine's load.
 
 Each stage's prompt tokens and decode steps are the profile workload's for that stage; whether a
 `mutual` request transfers is drawn per request id at the workload's transfer rate (the small model
@@ -39,7 +42,7 @@ def stage_of(role: str, prompt: str) -> str:
 
 class PacedEngine(FakeEngine):
     def __init__(self, name: str, profile: dict, transfer_rate: float | None = None, max_prompt_tokens: int = 4096,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic):
         super().__init__(name, max_prompt_tokens=max_prompt_tokens)
         gen = profile["generators"][name]
         self.vision_ms = Curve([(p["images"], p["ms"]) for p in profile["vision"][name]])
@@ -47,7 +50,8 @@ class PacedEngine(FakeEngine):
         workload = profile.get("workload", {})
         self.stages = workload.get("stages", {})
         self.transfer_rate = workload.get("transfer_rate", 0.0) if transfer_rate is None else transfer_rate
-        self.sleep = sleep
+        self.sleep, self.clock = sleep, clock
+        self._ended: float | None = None  # when the last prefill's or step's wait ended
 
     def encode_images(self, images: list[bytes], model: str | None = None) -> list[ImageFeatures]:
         self.sleep(self.vision_ms(len(images)) / 1000)
@@ -70,10 +74,19 @@ class PacedEngine(FakeEngine):
 
     def prefill(self, requests: list[GenerationRequest], prepared: list[Prepared]) -> list[list[int]]:
         self.batches.append(list(requests))
-        self.sleep(self.prefill_ms(sum(p.prompt_tokens for p in prepared)) / 1000)
+        self._wait(self.prefill_ms(sum(p.prompt_tokens for p in prepared)), since_last=False)
         return [list(p.data) + [0] for p in prepared]
 
     def advance(self, state: list, token_ids: list[int]) -> None:
-        self.sleep(self.step_ms(len(state)) / 1000)
+        # The loop steps straight on from the last prefill or step: the time since it ended is its own CPU.
+        self._wait(self.step_ms(len(state)), since_last=True)
         for row in state:
             row.pop(0)
+
+    def _wait(self, ms: float, since_last: bool) -> None:
+        """Take `ms` from now, or (`since_last`) from the end of the last wait: only CPU work longer
+        than the operation itself makes it take longer."""
+        now = self.clock()
+        start = self._ended if since_last and self._ended is not None else now
+        self.sleep(max(0.0, start + ms / 1000 - now))
+        self._ended = self.clock()

@@ -17,10 +17,28 @@ STAGES = {"small_direct": {"prompt_tokens": 50, "decode_steps": 2}, "large_direc
           "small_reasoning": {"prompt_tokens": 50, "decode_steps": 12}, "large_transfer": {"prompt_tokens": 90, "decode_steps": 2}}
 
 
-def paced(role: str, rate: float = 0.3):
+class Clock:
+    """A clock that moves only when the engine sleeps, or when a test says the host spent time."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def paced(role: str, rate: float = 0.3, clock: Clock | None = None):
     slept: list[float] = []
+    clock = clock or Clock()
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        clock.sleep(s)
     prof = {**profile_dict(prefill=(5.0, 9.0)), "workload": {"transfer_rate": rate, "stages": STAGES}}
-    return PacedEngine(role, prof, sleep=slept.append), slept
+    return PacedEngine(role, prof, sleep=sleep, clock=clock), slept
 
 
 def test_each_step_waits_what_the_profile_says_for_its_size():
@@ -37,6 +55,25 @@ def test_each_step_waits_what_the_profile_says_for_its_size():
     assert all(o.prompt_tokens == 60 for o in out)
     engine.encode_images([b"a", b"b", b"c"])
     assert slept[-1] == pytest.approx(engine.vision_ms(3) / 1000)
+
+
+def test_the_loops_own_cpu_between_steps_falls_inside_a_step_not_after_it():
+    """A step's measured time on a model server includes the loop's work around it: a step waits only
+    what is left of its time since the last one ended, and a prefill (after the loop may have idled)
+    its whole time."""
+    clock = Clock()
+    engine, slept = paced("large", clock=clock)
+    step = engine.step_ms(2) / 1000
+    engine.prefill([], [])
+    clock.now += 0.001  # the loop chose and handed on the prefill's tokens: 1 ms of CPU
+    engine.advance([[1, 2], [3, 4]], [0, 0])
+    assert slept[-1] == pytest.approx(step - 0.001)
+    clock.now += 0.020  # a host so loaded that handing on tokens took longer than a step
+    engine.advance([[1], [3]], [0, 0])
+    assert slept[-1] == 0.0  # the step then takes that long, and no longer
+    clock.now += 5.0  # idle; the next prefill takes its whole time from now
+    engine.prefill([], [])
+    assert slept[-1] == pytest.approx(engine.prefill_ms(0) / 1000)
 
 
 def test_stages_are_told_apart_and_decode_the_workloads_steps():
