@@ -47,6 +47,7 @@ from capacity.paced_check import PACED_PROFILE, measure_hops, paced_app, zero_pr
 from capacity.profile import Autoscaling, Profile, Workload, settings_from_config
 from capacity.sim_check import _post, bodies, closed_loop
 from capacity.simulate import Simulation
+from capacity.stage_profile import stage_calls_ms
 
 POOLS = ("SmallReasoner", "LargeAnswerer")
 AUTOSCALING = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2, "metrics_interval_s": 1.0,
@@ -154,7 +155,7 @@ async def scheduled_loop(url: str, items: list[dict], sends: list[float]) -> dic
 
     def took(i: int, trace: dict) -> None:
         paths[i] = trace["path"]
-        stages[i] = {k: v for k, v in trace.get("latency_ms", {}).items() if k not in ("total", "selector")}
+        stages[i] = stage_calls_ms(trace)
 
     async def one(http, body, i, due):
         await asyncio.sleep(max(0.0, start + due - time.monotonic()))

@@ -136,18 +136,16 @@ class VisionBatches:
 
 
 def run_loads(url: str, items: list[dict], duration_s: float, open_fraction: float, seed: int,
-              batches: VisionBatches | None = None) -> list[dict]:
-    def vision_batch() -> float | None:  # the load's mean, from the batches since the last call
-        return batches.since() if batches else None
-
+              batches: VisionBatches) -> list[dict]:
+    """Each load, measured, with the VisionEncoder's mean batch over it (`since()` read after each)."""
     points = []
+    batches.since()  # not the warm-up's or the last run's batches
     for c in (1, 4, 16):
-        vision_batch()
         measured = asyncio.run(closed_loop(url, items, c, duration_s))
-        points.append({"load": f"closed c={c}", "concurrency": c, "measured": {**measured, "vision_batch": vision_batch()}})
+        points.append({"load": f"closed c={c}", "concurrency": c, "measured": {**measured, "vision_batch": batches.since()}})
     rate = open_fraction * points[-1]["measured"]["throughput_rps"]
     measured = asyncio.run(open_loop(url, items, rate, duration_s, seed))
-    points.append({"load": f"open {rate:.1f}/s", "rate": rate, "measured": {**measured, "vision_batch": vision_batch()}})
+    points.append({"load": f"open {rate:.1f}/s", "rate": rate, "measured": {**measured, "vision_batch": batches.since()}})
     return points
 
 

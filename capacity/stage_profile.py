@@ -160,6 +160,12 @@ def name_of(real: str) -> str:
     return {"qwen3-vl-2b": "Qwen/Qwen3-VL-2B-Thinking", "qwen3-vl-8b": "Qwen/Qwen3-VL-8B-Instruct"}.get(real, real)
 
 
+def stage_calls_ms(trace: dict) -> dict[str, float]:
+    """Each stage call's ms from an answer's trace (`latency_ms` less the request's total and the
+    Router's own selector): what the simulation times by the same names."""
+    return {name: ms for name, ms in trace.get("latency_ms", {}).items() if name not in ("total", "selector")}
+
+
 class Traces:
     """The path and stage sizes of every answered `tandem:mutual` request, from their traces: the
     workload they sent (which items transfer is fixed by the items; under overload the app also
@@ -174,9 +180,8 @@ class Traces:
     def add(self, trace: dict) -> None:
         self.paths.append(trace["path"])
         self.degraded += bool(trace.get("degraded"))
-        for name, ms in trace.get("latency_ms", {}).items():
-            if name not in ("total", "selector"):
-                self.stage_ms.setdefault(name, []).append(ms)
+        for name, ms in stage_calls_ms(trace).items():
+            self.stage_ms.setdefault(name, []).append(ms)
         for name, s in trace.get("stages", {}).items():
             self.stages.setdefault(name, []).append((s["prompt_tokens"], s["decode_steps"]))
 
