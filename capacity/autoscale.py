@@ -10,6 +10,9 @@ What it models, from Serve's controller, handles and replicas:
   running count times the up- or downscaling factor, and changes its target only once it has wanted
   to move the same way for `upscale_delay_s` / `downscale_delay_s`; the target is kept within
   min/max_replicas;
+- the replicas follow a new target at the next tick: each of Serve's control loops updates the
+  deployments' replicas before it runs the autoscaling policy, so what one loop decides the next
+  starts or stops;
 - a new replica takes requests `startup_s` after the target rose (the pool's settings: its weights'
   load time; a check replaying a run gives each new replica its measured one, `startups`); a removed
   one, replicas still starting first, then the newest running, takes no new requests and stops once
@@ -106,6 +109,7 @@ class Autoscaler:
             if tick and tick % push_every == 0:
                 self.pushed_at = now
             if tick % control_every == 0:
+                self.apply()
                 self.control(now)
             tick += 1
             yield env.timeout((tick * base_ms / 1000) - env.now)
@@ -139,12 +143,12 @@ class Autoscaler:
         desired = scaled(total / cfg.target_ongoing_requests, running, cfg)
         target = min(cfg.max_replicas, max(cfg.min_replicas, self.decide(desired, self.target, now)))
         if target != self.target:
-            self.scale_to(target, now)
+            self.target = target
+            self.targets.append((now, target))
 
-    def scale_to(self, target: int, now: float) -> None:
-        self.target = target
-        self.targets.append((now, target))
-        settings = self.pool.settings
+    def apply(self) -> None:
+        """Start or stop replicas until the pool's running and starting ones make the target."""
+        target, settings = self.target, self.pool.settings
         while len(self.pool.replicas) + len(self.starting) < target:
             ticket = [False]  # set: the target fell before this replica came up
             self.starting.append(ticket)

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from capacity.autoscale import Decision, parse_steps, replicas_at, scaled, step_arrivals
+from capacity.autoscale import CONTROL_LOOP_S, Decision, parse_steps, replicas_at, scaled, step_arrivals
 from capacity.profile import ROOT, Autoscaling, Profile, Workload, settings_from_config
 from tests.capacity.helpers import AGREE, profile_dict, settings
 
@@ -72,9 +72,11 @@ def test_a_pool_follows_a_step_up_after_its_delay_and_down_after_its_own():
     first_up = next(t for t, n in targets if n > 1)
     assert 20 + 3.0 <= first_up < 20 + 3.0 + 2.0  # the step, the upscale delay, a push or two of metrics
     assert max(n for _, n in timeline) == 4  # 40 req/s wants more than max_replicas
-    for t, n in timeline[1:]:  # each replica that came up did so start-up after a target that rose
+    for t, n in timeline[1:]:  # each replica that came up did so start-up after the tick after a target rose
         if n > replicas_at(timeline, t - 1e-9):
-            assert any(abs(t - (tt + 2.0)) < 1e-6 for tt, _ in targets)
+            assert any(abs(t - (tt + CONTROL_LOOP_S + 2.0)) < 1e-6 for tt, _ in targets)
+        else:  # and each that stopped, the tick after the target fell
+            assert any(abs(t - (tt + CONTROL_LOOP_S)) < 1e-6 and nn <= n for tt, nn in targets)
     last_down = targets[-1]
     assert targets[-1][1] == 1 and last_down[0] >= 60 + 5.0  # back to min, not before the downscale delay
     # Nothing lost on the way: every request sent was answered or turned away.
@@ -100,7 +102,9 @@ def test_a_replayed_run_starts_each_new_replica_in_its_own_measured_time():
     timeline, targets = r["pools"]["LargeAnswerer"]["timeline"], r["pools"]["LargeAnswerer"]["targets"]
     asked = [t for (_, before), (t, n) in zip(targets, targets[1:]) for _ in range(n - before)]
     came = [t for (_, before), (t, n) in zip(timeline, timeline[1:]) if n > before][:3]
-    assert len(asked) == 3 and came == pytest.approx(sorted([asked[0] + 0.5, asked[1] + 6.0, asked[2] + 2.0]))
+    tick = CONTROL_LOOP_S  # Serve starts what one control loop decided in the next
+    assert len(asked) == 3 and came == pytest.approx(sorted([asked[0] + tick + 0.5, asked[1] + tick + 6.0,
+                                                             asked[2] + tick + 2.0]))
 
 
 def test_metrics_are_recorded_and_pushed_at_their_own_period_and_decided_on_the_control_loop():
