@@ -7,16 +7,21 @@ replica start-up, short delays so a step shows within minutes (`--metrics-interv
 handle records and pushes a pool's requests, 1 s unless given). The load is an open loop in STEPS
 (1 req/s, 8 from 30 s, 1 again from 90 s, for 150 s), and the simulator replays its very send times
 with the same autoscaling config. Measured in the same run and fed to the simulator: the per-call
-hop costs (zero-time twins, as paced_check), and how long each new replica took from the target
-that asked for it to RUNNING (Serve's REST API, polled every 0.25 s), which is what `startup_s`
-stands for: the simulator gives each replica it starts its own measured time, in order.
+hop costs (zero-time twins, as paced_check), and how long each new replica took from the controller
+beginning it to RUNNING, which is what `startup_s` stands for: the simulator gives each replica it
+starts its own measured time, in order.
+
+The real pools' running replicas, targets and start-ups are read from Serve's controller log, which
+stamps each change to the ms (capacity/serve_log.py); Serve's REST API is polled every 0.25 s
+beside it, and the output says how late the polls saw each change (where no log is found, the
+polls stand in for it).
 
 Bars, per run: each autoscaled pool's running replicas, sampled every second from the first send to
 the last answer, within ±1 of the simulated count at every sample; p95 of the whole run within
 ±20 %. Printed beside them: the p95 of each step, the seconds off by more than one replica, the
 time slack that would put every second within ±1 (how far apart in time the two scaled, which the
 1-s samples cannot tell), when the controller and the simulated one decided to scale up and down
-(the controller's target, polled with the replicas), the answered requests each held in flight on
+(the controller's target, as logged), the answered requests each held in flight on
 average (over each step and the 5 s after each change of rate, where the look-back means cross
 their thresholds), each stage call's mean time by step (from the traces' `latency_ms`), and the
 requests each turned away. Ends with
@@ -45,6 +50,7 @@ from benchmarks.metrics import percentile
 from capacity.autoscale import replicas_at, step_arrivals
 from capacity.paced_check import PACED_PROFILE, measure_hops, paced_app, zero_profile
 from capacity.profile import Autoscaling, Profile, Workload, settings_from_config
+from capacity.serve_log import PoolLog, controller_log, parse
 from capacity.sim_check import _post, bodies, closed_loop
 from capacity.simulate import Simulation
 from capacity.stage_profile import stage_calls_ms
@@ -140,9 +146,54 @@ class ReplicaPoller:
                 for t, (_, rid) in zip(asked, new)]
 
     def startup_s(self) -> float | None:
-        """The median start-up of the replicas started during the load."""
-        took = [s for pool in POOLS for s in self.startups(pool) if s is not None]
-        return round(statistics.median(took), 2) if took else None
+        return median_startup(self)
+
+
+def median_startup(seen) -> float | None:
+    """The median start-up of the replicas started during the load."""
+    took = [s for pool in POOLS for s in seen.startups(pool) if s is not None]
+    return round(statistics.median(took), 2) if took else None
+
+
+class LoggedPools:
+    """The pools as Serve's controller logged them over a run (capacity/serve_log.py), with the
+    poller's methods: running replicas and targets at each change, to the ms, and each replica's
+    start-up from the `Adding` that began it."""
+
+    def __init__(self, path: Path, start_wall: float, end_wall: float, poller: ReplicaPoller, app: str = "tandem"):
+        with open(path) as f:
+            events = parse(f, app)
+        first = poller.samples[0][1]
+        self.pools = {p: PoolLog(events, p, start_wall, end_wall, first[p], poller.targets[0][1][p]) for p in POOLS}
+
+    def timeline(self, pool: str) -> list[tuple[float, int]]:
+        return self.pools[pool].timeline()
+
+    def target_timeline(self, pool: str) -> list[tuple[float, int]]:
+        return self.pools[pool].targets()
+
+    def startups(self, pool: str) -> list[float | None]:
+        return self.pools[pool].startups()
+
+    def startup_s(self) -> float | None:
+        return median_startup(self)
+
+
+def poll_lag(logged: LoggedPools, poller: ReplicaPoller) -> dict:
+    """How long after the controller logged each change of a pool's running replicas the 0.25-s poll
+    first saw that count: the lag the logged timeline removes (never below zero where the two clocks
+    agree)."""
+    lags = []
+    for pool in POOLS:
+        polled = poller.timeline(pool)
+        for (_, before), (t, n) in zip(logged.timeline(pool), logged.timeline(pool)[1:]):
+            if n == before:
+                continue
+            seen = next((pt for pt, pn in polled if pt >= t - 0.5 and pn == n), None)
+            if seen is not None:
+                lags.append(seen - t)
+    return {"mean_s": round(statistics.mean(lags), 3), "min_s": round(min(lags), 3),
+            "max_s": round(max(lags), 3)} if lags else {}
 
 
 async def scheduled_loop(url: str, items: list[dict], sends: list[float]) -> dict:
@@ -250,7 +301,7 @@ def decided(targets: list[tuple[float, int]], after: float, up: bool) -> float |
 
 def decisions(run: int, pool: str, real: list, sim: list) -> list[dict]:
     """When the controller and the simulated one decided to scale up after the step up, and down after
-    the step down (the real one seen by the 0.25-s poll): where the replica counts' lag comes from."""
+    the step down: where the replica counts' lag comes from."""
     rows = []
     for metric, after, up in (("scale-up decided (s)", STEPS[1][0], True), ("scale-down decided (s)", STEPS[2][0], False)):
         r, s = decided(real, after, up), decided(sim, after, up)
@@ -260,10 +311,10 @@ def decisions(run: int, pool: str, real: list, sim: list) -> list[dict]:
     return rows
 
 
-def figures(run: int, poller: ReplicaPoller, measured: dict, sim: dict, sim_latencies: list) -> list[dict]:
+def figures(run: int, seen: ReplicaPoller | LoggedPools, measured: dict, sim: dict, sim_latencies: list) -> list[dict]:
     rows, horizon = [], int(measured["last_end_s"])
     for pool in POOLS:
-        real_tl, sim_tl = poller.timeline(pool), sim["pools"][pool]["timeline"]
+        real_tl, sim_tl = seen.timeline(pool), sim["pools"][pool]["timeline"]
         diffs = [replicas_at(sim_tl, t) - replicas_at(real_tl, t) for t in range(0, horizon + 1)]
         at = max(range(len(diffs)), key=lambda t: abs(diffs[t]))
         rows.append({"run": run, "load": pool, "metric": "replicas (worst second)", "real": replicas_at(real_tl, at),
@@ -271,7 +322,7 @@ def figures(run: int, poller: ReplicaPoller, measured: dict, sim: dict, sim_late
                      "seconds_off": sum(1 for d in diffs if abs(d) > 1), "seconds": len(diffs),
                      "slack_s": slack_s(real_tl, sim_tl, range(0, horizon + 1)),
                      "within": abs(diffs[at]) <= 1})
-        rows += decisions(run, pool, poller.target_timeline(pool), sim["pools"][pool]["targets"])
+        rows += decisions(run, pool, seen.target_timeline(pool), sim["pools"][pool]["targets"])
     real_p95 = p95_by_step(measured["latencies"])
     sim_p95 = p95_by_step(sim_latencies)
     for step in real_p95:
@@ -321,26 +372,34 @@ def print_stages(stage_ms: dict[str, dict]) -> None:
 def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
              autoscaling: dict = AUTOSCALING) -> tuple[list[dict], dict]:
     sends = step_arrivals(STEPS, DURATION_S, seed=run)
-    start = time.monotonic()
+    start, start_wall = time.monotonic(), time.time()
     with ReplicaPoller(start) as poller:
         measured = asyncio.run(scheduled_loop(app.url, items, sends))
         time.sleep(2.0)
-    startup, startups = poller.startup_s() or 0.0, {p: poller.startups(p) for p in POOLS}
+    log = controller_log()
+    seen = LoggedPools(log, start_wall, time.time(), poller) if log else poller
+    lag = poll_lag(seen, poller) if log else {}
+    startup, startups = seen.startup_s() or 0.0, {p: seen.startups(p) for p in POOLS}
     sim, sim_latencies, sim_calls = simulated(profile, measured["sent"], startup,
                                               PACED_PROFILE["workload"]["transfer_rate"], measured["paths"], startups,
                                               autoscaling)
-    rows = figures(run, poller, measured, sim, sim_latencies)
+    rows = figures(run, seen, measured, sim, sim_latencies)
     print_run(run, rows, startups, hops)
     stage_ms = {"real": stage_ms_by_step(measured["calls"]), "simulated": stage_ms_by_step(sim_calls)}
     print_stages(stage_ms)
     poll = {"median_s": round(statistics.median(poller.took), 3), "max_s": round(max(poller.took), 3)} if poller.took else {}
     print(f"  Serve's REST API answered each poll in {poll.get('median_s')} s (median), {poll.get('max_s')} s at most")
+    print(f"  replicas from {log or 'the polls (no controller log found)'}; the polls saw each change "
+          f"{lag.get('mean_s')} s after the log on average ({lag.get('min_s')}..{lag.get('max_s')} s)")
     print(f"  failed: real {measured['errors'] or 0} (503s turned away by {measured['turned_away'] or '-'}); "
           f"simulated {sim['rejected']} turned away, {sim['pools']['Router']['rejected']} of them at the Router's door")
     return rows, {"run": run, "startup_s": startup, "startups": startups, "hops": hops, "errors": measured["errors"],
                   "turned_away": measured["turned_away"], "simulated_rejected": sim["rejected"], "poll": poll,
-                  "real_timeline": {p: poller.timeline(p) for p in POOLS},
-                  "real_targets": {p: poller.target_timeline(p) for p in POOLS},
+                  "replicas_from": str(log) if log else "polls", "poll_lag": lag,
+                  "real_timeline": {p: seen.timeline(p) for p in POOLS},
+                  "real_targets": {p: seen.target_timeline(p) for p in POOLS},
+                  "polled_timeline": {p: poller.timeline(p) for p in POOLS},
+                  "polled_targets": {p: poller.target_timeline(p) for p in POOLS},
                   "simulated": {p: sim["pools"][p] for p in POOLS},
                   "real_latencies": measured["latencies"], "simulated_latencies": sim_latencies, "stage_ms": stage_ms}
 
