@@ -185,11 +185,12 @@ def poll_lag(logged: LoggedPools, poller: ReplicaPoller) -> dict:
     agree)."""
     lags = []
     for pool in POOLS:
-        polled = poller.timeline(pool)
-        for (_, before), (t, n) in zip(logged.timeline(pool), logged.timeline(pool)[1:]):
-            if n == before:
+        polled, changes = poller.timeline(pool), logged.timeline(pool)
+        for i, (t, n) in enumerate(changes[1:], start=1):
+            until = changes[i + 1][0] if i + 1 < len(changes) else float("inf")
+            if until - t < poller.every_s:  # a count held for less than a poll's period (3 -> 2 -> 1 at once)
                 continue
-            seen = next((pt for pt, pn in polled if pt >= t - 0.5 and pn == n), None)
+            seen = next((pt for pt, pn in polled if t - 0.5 <= pt < until and pn == n), None)
             if seen is not None:
                 lags.append(seen - t)
     return {"mean_s": round(statistics.mean(lags), 3), "min_s": round(min(lags), 3),

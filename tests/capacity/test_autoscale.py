@@ -260,3 +260,36 @@ def test_the_time_slack_is_how_far_the_simulated_scaling_is_from_the_real():
     assert slack_s([(0.05, 1), (39.7, 2), (41.2, 3), (103.9, 1)], sim, seconds) == 0.2
     assert slack_s([(0.05, 1), (35.0, 3), (102.5, 1)], sim, seconds) == 2.7  # 3 at 35 s, simulated 2 from 37.7 s
     assert slack_s([(0.05, 1), (44.5, 3), (102.5, 1)], sim, seconds) == 1.9  # 1 at 44 s, simulated 2 until 42.1 s
+
+
+def test_the_check_takes_the_real_pools_from_the_controllers_log_and_says_how_late_the_polls_saw_them(tmp_path):
+    import datetime
+
+    from capacity.autoscale_check import LoggedPools, ReplicaPoller, poll_lag
+
+    start = datetime.datetime(2026, 12, 7, 10, 0, 0).timestamp()
+    log = tmp_path / "controller_1.log"
+    log.write_text("\n".join(f"INFO 2026-12-07 10:0{m}:{s},{ms} controller 1 -- {msg}" for m, s, ms, msg in [
+        (0, 33, "100", "Upscaling Deployment(name='SmallReasoner', app='tandem') from 1 to 3 replicas."),
+        (0, 33, "220", "Adding 2 replicas to Deployment(name='SmallReasoner', app='tandem')."),
+        (0, 40, "500", "Replica(id='a', deployment='SmallReasoner', app='tandem') started successfully on node 'n'."),
+        (0, 41, "000", "Replica(id='b', deployment='SmallReasoner', app='tandem') started successfully on node 'n'."),
+        (1, 43, "800", "Downscaling Deployment(name='SmallReasoner', app='tandem') from 3 to 1 replicas."),
+        (1, 43, "920", "Stopping Replica(id='a', deployment='SmallReasoner', app='tandem') (currently ReplicaState.RUNNING)."),
+        (1, 43, "923", "Stopping Replica(id='b', deployment='SmallReasoner', app='tandem') (currently ReplicaState.RUNNING)."),
+        (1, 44, "000", "Adding 1 replica to Deployment(name='SmallReasoner', app='tandem-twin')."),  # another app
+    ]))
+    poller = ReplicaPoller(start=0.0)
+    both = lambda small, large: {"SmallReasoner": small, "LargeAnswerer": large}  # noqa: E731
+    # The polls saw each change up to a poll's period and round trip late.
+    poller.samples = [(0.1, both(1, 1)), (40.7, both(2, 1)), (41.2, both(3, 1)), (104.2, both(1, 1))]
+    poller.targets = [(0.1, both(1, 1)), (33.3, both(3, 1)), (104.0, both(1, 1))]
+    logged = LoggedPools(log, start, start + 150, poller)
+    assert logged.timeline("SmallReasoner") == [(0.0, 1), (40.5, 2), (41.0, 3), (103.92, 2), (103.923, 1)]
+    assert logged.target_timeline("SmallReasoner") == [(0.0, 1), (33.1, 3), (103.8, 1)]
+    assert logged.startups("SmallReasoner") == pytest.approx([7.28, 7.78]) and logged.startups("LargeAnswerer") == []
+    assert logged.timeline("LargeAnswerer") == [(0.0, 1)]
+    # 2 held 0.5 s, 3 held until 103.92 s, 1 from 103.923 s; the 2 held for 3 ms no poll could see.
+    lag = poll_lag(logged, poller)
+    assert lag["min_s"] == pytest.approx(0.2) and lag["max_s"] == pytest.approx(0.277)
+    assert lag["mean_s"] == pytest.approx((0.2 + 0.2 + 0.277) / 3, abs=1e-3)
