@@ -86,6 +86,7 @@ class Autoscaler:
         self.pushed_at = -math.inf
         self.timeline = [(0.0, len(pool.replicas))]  # (time, running replicas) at every change
         self.targets = [(0.0, self.target)]
+        self.totals: list[tuple[float, float]] = []  # (tick, the look-back mean the policy was fed)
 
     def requests(self) -> int:
         """What Serve's handles report for the pool: each call from its send to its answer (its hop
@@ -139,6 +140,7 @@ class Autoscaler:
         total = self.seen(now)
         if total is None:
             return
+        self.totals.append((now, total))
         cfg, running = self.cfg, len(self.pool.replicas)
         desired = scaled(total / cfg.target_ongoing_requests, running, cfg)
         target = min(cfg.max_replicas, max(cfg.min_replicas, self.decide(desired, self.target, now)))

@@ -23,8 +23,9 @@ time slack that would put every second within ±1 (how far apart in time the two
 1-s samples cannot tell), when the controller and the simulated one decided to scale up and down
 (the controller's target, as logged), the answered requests each held in flight on
 average (over each step and the 5 s after each change of rate, where the look-back means cross
-their thresholds), each stage call's mean time by step (from the traces' `latency_ms`), and the
-requests each turned away. Ends with
+their thresholds), the look-back mean the controller was fed against the simulated one (read from
+the controller every 0.25 s), each stage call's mean time by step (from the traces' `latency_ms`),
+and the requests each turned away. Ends with
 one JSON line: {"engine": "paced", "autoscaling": {...}, "figures": [{"run", "load", "metric",
 "real", "simulated", "error", "tolerance"}...], "within": true|false}.
 """
@@ -197,6 +198,68 @@ def poll_lag(logged: LoggedPools, poller: ReplicaPoller) -> dict:
             "max_s": round(max(lags), 3)} if lags else {}
 
 
+def join_ray() -> None:
+    """Join the app's local Ray cluster as a driver, once, before any load: joining starts worker
+    processes that would perturb a run on 2 cores."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="auto", log_to_driver=False, logging_level="ERROR")
+
+
+class ControllerTotals:
+    """What Serve's controller feeds its policy for each pool — the look-back mean of the requests
+    the handles reported — read every `every_s` in a thread through the controller's read-only
+    hook for it (`_get_total_num_requests_for_deployment_for_testing`, Serve's tests' own), beside
+    the simulated controller's mean at each tick: where a decision's lag comes from."""
+
+    def __init__(self, start: float, app: str = "tandem", every_s: float = 0.25):
+        import ray
+        from ray.serve._private.common import DeploymentID
+        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+        self.controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        self.ids = {p: DeploymentID(name=p, app_name=app) for p in POOLS}
+        self.start, self.every_s = start, every_s
+        self.samples: dict[str, list[tuple[float, float]]] = {p: [] for p in POOLS}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "ControllerTotals":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import ray
+
+        get = self.controller._get_total_num_requests_for_deployment_for_testing
+        while not self._stop.is_set():
+            for pool, dep in self.ids.items():
+                asked = time.monotonic() - self.start
+                try:
+                    total = ray.get(get.remote(dep), timeout=5)
+                except Exception:  # a late answer is skipped; the readout is not a bar
+                    continue
+                self.samples[pool].append(((asked + time.monotonic() - self.start) / 2, total))
+            self._stop.wait(self.every_s)
+
+
+def totals_gap(real: list[tuple[float, float]], sim: list[tuple[float, float]]) -> dict[str, float | None]:
+    """The controller's look-back mean less the simulated one at the same instants, on average over
+    each step and the 5 s after each change of rate."""
+    windows = step_windows()
+    windows.update({f"{start:g}-{start + 5:g} s": (start, start + 5.0) for start, _ in STEPS[1:]})
+    out = {}
+    for name, (a, b) in windows.items():
+        gaps = [v - replicas_at(sim, t) for t, v in real if a <= t < b and sim and sim[0][0] <= t]
+        out[name] = round(statistics.mean(gaps), 2) if gaps else None
+    return out
+
+
 async def scheduled_loop(url: str, items: list[dict], sends: list[float]) -> dict:
     """Each request sent at its time in `sends` (s from the start); every answer's (send s, latency ms)."""
     start, tasks = time.monotonic(), []
@@ -277,6 +340,8 @@ def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate
     sim = Simulation(Profile.from_dict(profile), workload, {}, settings)
     sim.calls = []
     r = sim.run(duration_s=DURATION_S, warmup_s=0.0, arrivals=sends, paths=paths)
+    for pool in POOLS:
+        r["pools"][pool]["totals"] = sim.autoscalers[pool].totals
     return (r, [(arrived, latency_s * 1000) for arrived, latency_s, _ in sim.latencies],
             [(arrived, stage, s * 1000) for arrived, stage, s in sim.calls])
 
@@ -374,7 +439,7 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
              autoscaling: dict = AUTOSCALING) -> tuple[list[dict], dict]:
     sends = step_arrivals(STEPS, DURATION_S, seed=run)
     start, start_wall = time.monotonic(), time.time()
-    with ReplicaPoller(start) as poller:
+    with ReplicaPoller(start) as poller, ControllerTotals(start) as totals:
         measured = asyncio.run(scheduled_loop(app.url, items, sends))
         time.sleep(2.0)
     log = controller_log()
@@ -390,6 +455,8 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
     print_stages(stage_ms)
     poll = {"median_s": round(statistics.median(poller.took), 3), "max_s": round(max(poller.took), 3)} if poller.took else {}
     print(f"  Serve's REST API answered each poll in {poll.get('median_s')} s (median), {poll.get('max_s')} s at most")
+    gap = {p: totals_gap(totals.samples[p], sim["pools"][p]["totals"]) for p in POOLS}
+    print(f"  the look-back mean the controller was fed less the simulated one, by window: {gap}")
     print(f"  replicas from {log or 'the polls (no controller log found)'}; the polls saw each change "
           f"{lag.get('mean_s')} s after the log on average ({lag.get('min_s')}..{lag.get('max_s')} s)")
     print(f"  failed: real {measured['errors'] or 0} (503s turned away by {measured['turned_away'] or '-'}); "
@@ -397,6 +464,7 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
     return rows, {"run": run, "startup_s": startup, "startups": startups, "hops": hops, "errors": measured["errors"],
                   "turned_away": measured["turned_away"], "simulated_rejected": sim["rejected"], "poll": poll,
                   "replicas_from": str(log) if log else "polls", "poll_lag": lag,
+                  "controller_totals": totals.samples, "totals_gap": gap,
                   "real_timeline": {p: seen.timeline(p) for p in POOLS},
                   "real_targets": {p: seen.target_timeline(p) for p in POOLS},
                   "polled_timeline": {p: poller.timeline(p) for p in POOLS},
@@ -433,6 +501,7 @@ def main(argv=None) -> int:
           f"{', '.join(POOLS)} autoscaled with {autoscaling}")
     items, rows, runs = bodies(64, seed=0), [], []
     with paced_app(out / "profile.json", out / "zero.json", autoscaled=dict.fromkeys(POOLS, autoscaling)) as app:
+        join_ray()
         asyncio.run(closed_loop(app.url, items, 1, 3.0))  # warm-up, below the target
         for run in range(1, args.runs + 1):
             hops = measure_hops(app.url, items, 10.0)
@@ -441,6 +510,9 @@ def main(argv=None) -> int:
             run_rows, detail = run_once(run, app, items, {**PACED_PROFILE, "calls": hops["calls"]}, hops, autoscaling)
             rows += run_rows
             runs.append(detail)
+        import ray
+
+        ray.shutdown()  # before the app's cluster goes
     (out / "autoscale_check.json").write_text(json.dumps({"runs": runs, "figures": rows}, indent=1, default=str))
     print(f"results: {out}")
     bars = [r for r in rows if r["within"] is not None]

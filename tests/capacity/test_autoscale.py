@@ -293,3 +293,14 @@ def test_the_check_takes_the_real_pools_from_the_controllers_log_and_says_how_la
     lag = poll_lag(logged, poller)
     assert lag["min_s"] == pytest.approx(0.2) and lag["max_s"] == pytest.approx(0.277)
     assert lag["mean_s"] == pytest.approx((0.2 + 0.2 + 0.277) / 3, abs=1e-3)
+
+
+def test_the_check_compares_the_controllers_look_back_mean_with_the_simulated_one_by_window():
+    from capacity.autoscale_check import totals_gap
+
+    sim = [(t / 10, 8.0 if t < 900 else 2.0) for t in range(0, 1500)]  # each 0.1-s tick; 8 until 90 s
+    real = [(t / 4 + 0.05, 8.5 if t < 4 * 92 else 2.0) for t in range(0, 600)]  # 0.5 more, and 2 s longer
+    gap = totals_gap(real, sim)
+    assert gap["1/s from 0 s"] == pytest.approx(0.5) and gap["8/s from 30 s"] == pytest.approx(0.5)
+    assert gap["90-95 s"] == pytest.approx(6.5 * 2 / 5, abs=0.05)  # 6.5 more for the first 2 of its 5 s
+    assert gap["30-35 s"] == pytest.approx(0.5)
