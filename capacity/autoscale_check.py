@@ -23,9 +23,10 @@ time slack that would put every second within ±1 (how far apart in time the two
 1-s samples cannot tell), when the controller and the simulated one decided to scale up and down
 (the controller's target, as logged), the answered requests each held in flight on
 average (over each step and the 5 s after each change of rate, where the look-back means cross
-their thresholds), the look-back mean the controller was fed against the simulated one (read from
-the controller every 0.25 s), each stage call's mean time by step (from the traces' `latency_ms`),
-and the requests each turned away. Ends with
+their thresholds), each stage call's mean time by step (from the traces' `latency_ms`), the
+requests each turned away, and with `--read-controller` the look-back mean the controller was fed
+against the simulated one (read from the controller every 0.25 s; not by default, as the reads
+themselves slow the real run on 2 cores). Ends with
 one JSON line: {"engine": "paced", "autoscaling": {...}, "figures": [{"run", "load", "metric",
 "real", "simulated", "error", "tolerance"}...], "within": true|false}.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import json
@@ -436,10 +438,11 @@ def print_stages(stage_ms: dict[str, dict]) -> None:
 
 
 def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
-             autoscaling: dict = AUTOSCALING) -> tuple[list[dict], dict]:
+             autoscaling: dict = AUTOSCALING, read_controller: bool = False) -> tuple[list[dict], dict]:
     sends = step_arrivals(STEPS, DURATION_S, seed=run)
     start, start_wall = time.monotonic(), time.time()
-    with ReplicaPoller(start) as poller, ControllerTotals(start) as totals:
+    reading = ControllerTotals(start) if read_controller else contextlib.nullcontext()
+    with ReplicaPoller(start) as poller, reading as totals:
         measured = asyncio.run(scheduled_loop(app.url, items, sends))
         time.sleep(2.0)
     log = controller_log()
@@ -455,8 +458,9 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
     print_stages(stage_ms)
     poll = {"median_s": round(statistics.median(poller.took), 3), "max_s": round(max(poller.took), 3)} if poller.took else {}
     print(f"  Serve's REST API answered each poll in {poll.get('median_s')} s (median), {poll.get('max_s')} s at most")
-    gap = {p: totals_gap(totals.samples[p], sim["pools"][p]["totals"]) for p in POOLS}
-    print(f"  the look-back mean the controller was fed less the simulated one, by window: {gap}")
+    gap = {p: totals_gap(totals.samples[p], sim["pools"][p]["totals"]) for p in POOLS} if totals else {}
+    if gap:
+        print(f"  the look-back mean the controller was fed less the simulated one, by window: {gap}")
     print(f"  replicas from {log or 'the polls (no controller log found)'}; the polls saw each change "
           f"{lag.get('mean_s')} s after the log on average ({lag.get('min_s')}..{lag.get('max_s')} s)")
     print(f"  failed: real {measured['errors'] or 0} (503s turned away by {measured['turned_away'] or '-'}); "
@@ -464,7 +468,7 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
     return rows, {"run": run, "startup_s": startup, "startups": startups, "hops": hops, "errors": measured["errors"],
                   "turned_away": measured["turned_away"], "simulated_rejected": sim["rejected"], "poll": poll,
                   "replicas_from": str(log) if log else "polls", "poll_lag": lag,
-                  "controller_totals": totals.samples, "totals_gap": gap,
+                  "controller_totals": totals.samples if totals else {}, "totals_gap": gap,
                   "real_timeline": {p: seen.timeline(p) for p in POOLS},
                   "real_targets": {p: seen.target_timeline(p) for p in POOLS},
                   "polled_timeline": {p: poller.timeline(p) for p in POOLS},
@@ -490,6 +494,9 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=1, help="step loads, one after another on the same app")
     p.add_argument("--metrics-interval-s", type=float, default=AUTOSCALING["metrics_interval_s"],
                    help="the pools' metrics_interval_s: how often each handle records and pushes their requests")
+    p.add_argument("--read-controller", action="store_true",
+                   help="also read the look-back mean Serve's controller was fed, every 0.25 s (joins the cluster "
+                        "as a driver and adds its reads to the controller's work: on 2 cores that slows the real run)")
     p.add_argument("--out", default=str(ROOT / "results"))
     args = p.parse_args(argv)
     autoscaling = {**AUTOSCALING, "metrics_interval_s": args.metrics_interval_s}
@@ -501,18 +508,21 @@ def main(argv=None) -> int:
           f"{', '.join(POOLS)} autoscaled with {autoscaling}")
     items, rows, runs = bodies(64, seed=0), [], []
     with paced_app(out / "profile.json", out / "zero.json", autoscaled=dict.fromkeys(POOLS, autoscaling)) as app:
-        join_ray()
+        if args.read_controller:
+            join_ray()
         asyncio.run(closed_loop(app.url, items, 1, 3.0))  # warm-up, below the target
         for run in range(1, args.runs + 1):
             hops = measure_hops(app.url, items, 10.0)
             settle()
             time.sleep(autoscaling["look_back_period_s"] + autoscaling["metrics_interval_s"])
-            run_rows, detail = run_once(run, app, items, {**PACED_PROFILE, "calls": hops["calls"]}, hops, autoscaling)
+            run_rows, detail = run_once(run, app, items, {**PACED_PROFILE, "calls": hops["calls"]}, hops, autoscaling,
+                                        args.read_controller)
             rows += run_rows
             runs.append(detail)
-        import ray
+        if args.read_controller:
+            import ray
 
-        ray.shutdown()  # before the app's cluster goes
+            ray.shutdown()  # before the app's cluster goes
     (out / "autoscale_check.json").write_text(json.dumps({"runs": runs, "figures": rows}, indent=1, default=str))
     print(f"results: {out}")
     bars = [r for r in rows if r["within"] is not None]
