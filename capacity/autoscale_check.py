@@ -84,7 +84,26 @@ def serve_deployments(http: httpx.Client, app: str = "tandem") -> dict:
     return r.json()["applications"][app]["deployments"]
 
 
-class ReplicaPoller:
+class Sampler:
+    """A thread running `_run` from the `with` block's start until its end (`_stop` set)."""
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class ReplicaPoller(Sampler):
     """Serve's view of the app's replicas, every `every_s` from `start` in a thread: per pool the
     running count and the controller's target over time, and each replica's first sighting in each
     state."""
@@ -96,16 +115,7 @@ class ReplicaPoller:
         self.took: list[float] = []  # each poll's round trip, s
         self.seen: dict[str, dict[str, float]] = collections.defaultdict(dict)  # replica -> state -> first time
         self.pool_of: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "ReplicaPoller":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__init__()
 
     def _run(self) -> None:
         with httpx.Client(timeout=5) as http:
@@ -209,7 +219,7 @@ def join_ray() -> None:
         ray.init(address="auto", log_to_driver=False, logging_level="ERROR")
 
 
-class ControllerTotals:
+class ControllerTotals(Sampler):
     """What Serve's controller feeds its policy for each pool — the look-back mean of the requests
     the handles reported — read every `every_s` in a thread through the controller's read-only
     hook for it (`_get_total_num_requests_for_deployment_for_testing`, Serve's tests' own), beside
@@ -224,16 +234,7 @@ class ControllerTotals:
         self.ids = {p: DeploymentID(name=p, app_name=app) for p in POOLS}
         self.start, self.every_s = start, every_s
         self.samples: dict[str, list[tuple[float, float]]] = {p: [] for p in POOLS}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "ControllerTotals":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__init__()
 
     def _run(self) -> None:
         import ray
