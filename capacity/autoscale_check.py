@@ -26,7 +26,7 @@ average (over each step and the 5 s after each change of rate, where the look-ba
 their thresholds), each stage call's mean time by step (from the traces' `latency_ms`), the
 requests each turned away, and with `--read-controller` the look-back mean the controller was fed
 against the simulated one (read from the controller every 0.25 s; not by default, as the reads
-themselves slow the real run on 2 cores). Ends with
+are work on the app's own cores). Ends with
 one JSON line: {"engine": "paced", "autoscaling": {...}, "figures": [{"run", "load", "metric",
 "real", "simulated", "error", "tolerance"}...], "within": true|false}.
 """
@@ -497,7 +497,7 @@ def main(argv=None) -> int:
                    help="the pools' metrics_interval_s: how often each handle records and pushes their requests")
     p.add_argument("--read-controller", action="store_true",
                    help="also read the look-back mean Serve's controller was fed, every 0.25 s (joins the cluster "
-                        "as a driver and adds its reads to the controller's work: on 2 cores that slows the real run)")
+                        "as a driver; its reads are work on the app's cores, so the bars are measured without them)")
     p.add_argument("--out", default=str(ROOT / "results"))
     args = p.parse_args(argv)
     autoscaling = {**AUTOSCALING, "metrics_interval_s": args.metrics_interval_s}
