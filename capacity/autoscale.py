@@ -13,7 +13,7 @@ What it models, from Serve's controller, handles and replicas:
 - the replicas follow a new target at the next tick: each of Serve's control loops updates the
   deployments' replicas before it runs the autoscaling policy, so what one loop decides the next
   starts or stops;
-- a new replica takes requests `startup_s` after the target rose (the pool's settings: its weights'
+- a new replica takes requests `startup_s` after it was begun (the pool's settings: its weights'
   load time; a check replaying a run gives each new replica its measured one, `startups`); a removed
   one, replicas still starting first, then the newest running, takes no new requests and stops once
   its own are done.
