@@ -254,10 +254,8 @@ class ControllerTotals(Sampler):
 def totals_gap(real: list[tuple[float, float]], sim: list[tuple[float, float]]) -> dict[str, float | None]:
     """The controller's look-back mean less the simulated one at the same instants, on average over
     each step and the 5 s after each change of rate."""
-    windows = step_windows()
-    windows.update({f"{start:g}-{start + 5:g} s": (start, start + 5.0) for start, _ in STEPS[1:]})
     out = {}
-    for name, (a, b) in windows.items():
+    for name, (a, b) in crossing_windows().items():
         gaps = [v - replicas_at(sim, t) for t, v in real if a <= t < b and sim and sim[0][0] <= t]
         out[name] = round(statistics.mean(gaps), 2) if gaps else None
     return out
@@ -298,6 +296,12 @@ def step_windows() -> dict[str, tuple[float, float]]:
             for i, (start, rate) in enumerate(STEPS)}
 
 
+def crossing_windows() -> dict[str, tuple[float, float]]:
+    """Each step, and the 5 s after each change of rate, where a pool's look-back mean crosses its
+    thresholds."""
+    return {**step_windows(), **{f"{start:g}-{start + 5:g} s": (start, start + 5.0) for start, _ in STEPS[1:]}}
+
+
 def p95_by_step(latencies: list[tuple[float, float]]) -> dict[str, float]:
     """The p95 of the whole run and of each step's requests (by send time), from (send s, latency ms)."""
     out = {"all": round(percentile([ms for _, ms in latencies], 95), 1)}
@@ -310,10 +314,8 @@ def p95_by_step(latencies: list[tuple[float, float]]) -> dict[str, float]:
 def in_flight(latencies: list[tuple[float, float]]) -> dict[str, float]:
     """Answered requests in flight on average, from (send s, latency ms): over each step, and over the
     5 s after each change of rate, where a pool's look-back mean crosses its thresholds."""
-    windows = step_windows()
-    windows.update({f"{start:g}-{start + 5:g} s": (start, start + 5.0) for start, _ in STEPS[1:]})
     return {name: round(sum(max(0.0, min(b, sent + ms / 1000) - max(a, sent)) for sent, ms in latencies) / (b - a), 3)
-            for name, (a, b) in windows.items()}
+            for name, (a, b) in crossing_windows().items()}
 
 
 def stage_ms_by_step(calls: list[tuple[float, str, float]]) -> dict[str, dict[str, float]]:
