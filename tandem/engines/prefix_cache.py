@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # only annotations: a server on a model-free engine starts without importing torch
+    import torch
 
 
 @dataclass

@@ -17,3 +17,19 @@ def test_core_imports_no_serving_stack():
             "print(json.dumps([m for m in ('ray', 'starlette', 'fastapi') if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_model_servers_on_model_free_engines_start_without_torch():
+    """A replica's start is its module's import plus its engine's build: on the fake and paced engines
+    that must not pay torch's import (a second of CPU), which on shared cores slows the replicas
+    already serving while a pool scales up — what the autoscaling check measures."""
+    code = ("import json, sys\n"
+            "import deployments.small_reasoner, deployments.large_answerer, deployments.router\n"
+            "from capacity.paced_check import PACED_PROFILE\n"
+            "from tandem.engines.paced import PacedEngine\n"
+            "from tandem.engines.fake import FakeEngine, default_rule\n"
+            "PacedEngine('small', PACED_PROFILE, 0.3).warm_up()\n"
+            "FakeEngine('small', default_rule(3, 10, 'A')).warm_up()\n"
+            "print(json.dumps('torch' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) is False
