@@ -109,8 +109,8 @@ def main(argv=None) -> int:
     n = 40 if args.quick else args.n
     print(f"prefix_reuse: {n} held-out grid items, trained pair, policy mutual, in-process; "
           f"{platform.machine()} {os.cpu_count()} cores, torch threads 1; reuse off/on in blocks of {BLOCK}")
-    tandem = LocalTandem(load_tandem_config({}))
-    runs = measure(grid_items(n, seed=0, split="eval"), tandem)
+    with LocalTandem(load_tandem_config({})) as tandem:
+        runs = measure(grid_items(n, seed=0, split="eval"), tandem)
     same = [a["answer"] for a in runs[False]] == [b["answer"] for b in runs[True]]
     rows = {"off": summary(runs[False]), "on": summary(runs[True])}
     print(f"{'reuse':6} {'transfers':>9} {'prompt':>7} {'prefilled':>9} {'cached':>7} {'transfer p50 ms':>16} "

@@ -50,11 +50,11 @@ def _cmd_ask(args) -> int:
 
     config = load_tandem_config(read_tandem_args(args.config))
     images = [Path(p).read_bytes() for p in args.image]
-    tandem = LocalTandem(config)
     policy, param = args.policy or (None, None)
-    result = tandem.ask(AskRequest(question=args.question, images=images, policy=policy, policy_param=param,
-                                   max_tokens=args.max_tokens, reasoning_max_tokens=args.reasoning_max_tokens,
-                                   latency_budget_ms=args.latency_budget_ms, request_id="cli"))
+    with LocalTandem(config) as tandem:
+        result = tandem.ask(AskRequest(question=args.question, images=images, policy=policy, policy_param=param,
+                                       max_tokens=args.max_tokens, reasoning_max_tokens=args.reasoning_max_tokens,
+                                       latency_budget_ms=args.latency_budget_ms, request_id="cli"))
     if args.json:
         print(json.dumps({"answer": result.answer, **result.trace(),
                           "usage": {"prompt_tokens": result.prompt_tokens,

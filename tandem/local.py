@@ -52,9 +52,24 @@ def local_stages(engines: dict) -> Stages:
 
 
 class LocalTandem:
+    """The pipeline over in-process engines; `close()` (or `with`) ends their decode threads before the
+    process exits, which a thread still mid-step would otherwise abort."""
+
     def __init__(self, config: TandemConfig, engines: dict | None = None):
         self.engines = engines or load_engines(config)
         self.pipeline = Pipeline(config, local_stages(self.engines))
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            for part in (engine.vision, engine.decoder) if isinstance(engine, SplitEngine) else (engine,):
+                if hasattr(part, "shutdown"):
+                    part.shutdown()
+
+    def __enter__(self) -> LocalTandem:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def ask(self, request: AskRequest) -> TandemResult:
         return asyncio.run(self.pipeline.answer(request))

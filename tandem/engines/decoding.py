@@ -127,6 +127,7 @@ class DecodeLoop:
         self._cv = threading.Condition()
         self._pending: collections.deque[Row] = collections.deque()
         self._thread: threading.Thread | None = None
+        self._closed = False
         # Requests admitted together, per admission (the most recent ones: a replica lives for weeks).
         self.prefill_sizes: collections.deque[int] = collections.deque(maxlen=_KEEP_COUNTS)
         self.decoded: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -140,6 +141,17 @@ class DecodeLoop:
         with self._cv:
             self.max_batch_size, self.batch_wait_s, self.adaptive_wait = max_batch_size, batch_wait_s, adaptive_wait
 
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the loop's thread, failing the rows still pending or running. Called as the engine shuts
+        down: a daemon thread still inside a forward pass when the interpreter exits can abort the
+        process ("terminate called without an active exception") after its answer was printed."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+
     def check(self) -> None:
         """Raise if the loop's thread has died: every request submitted now would wait for ever."""
         if self._thread is not None and not self._thread.is_alive():
@@ -149,6 +161,8 @@ class DecodeLoop:
     def submit(self, request: GenerationRequest, sink: Sink) -> Row:
         row = Row(request, sink)
         with self._cv:
+            if self._closed:
+                raise RuntimeError(f"{self.name}: the decode loop is closed")
             now = time.monotonic()
             self._last_gap, self._last_submit = now - self._last_submit, now
             if self._thread is None:
@@ -202,6 +216,14 @@ class DecodeLoop:
         state, rows = None, []
         while True:
             new = self._admit(len(rows))
+            if self._closed:
+                gone = RuntimeError(f"{self.name}: the engine shut down")
+                for row in rows + new:
+                    if row.cancelled:
+                        self._finish(row, "cancelled")
+                    elif not row.done:
+                        self._fail(row, gone)
+                return
             try:
                 state, rows = self._drop_cancelled(state, rows)
                 if new:
@@ -218,8 +240,11 @@ class DecodeLoop:
 
     def _admit(self, running: int) -> list[Row]:
         with self._cv:
-            while not running and not self._pending:
+            while not running and not self._pending and not self._closed:
                 self._cv.wait()
+            if self._closed:
+                new, self._pending = list(self._pending), collections.deque()
+                return new
             # A batch is worth waiting for while requests come closer together than the wait, or while
             # the sender says it is answering others (their next stages are on their way).
             arriving = self._last_gap < self.batch_wait_s or any(r.request.company for r in self._pending)
@@ -417,6 +442,9 @@ class LoopEngine(GenerationEngine):
 
     def check_alive(self) -> None:
         self.loop.check()
+
+    def shutdown(self) -> None:
+        self.loop.close()
 
     def stats(self) -> EngineStats:
         return EngineStats(prefill_sizes=list(self.loop.prefill_sizes), cancelled=self.loop.cancelled,

@@ -76,8 +76,8 @@ class GenerationEngine(ABC):
         """Counters since start (bounded: the most recent admissions only)."""
 
     def shutdown(self) -> None:
-        """Release what the engine holds outside its replica's process (vLLM's engine processes and
-        their GPU memory), when the replica stops. Nothing by default: threads end with the process."""
+        """Release what the engine holds — its decode loop's thread, vLLM's engine processes and their
+        GPU memory — when the replica stops or the process is about to exit. Nothing by default."""
 
     @abstractmethod
     def decoded_tokens(self, request_id: str) -> int:

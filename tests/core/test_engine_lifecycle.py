@@ -1,11 +1,18 @@
-"""What a model server hands its engine at the ends of its life, and the engine arguments the vLLM
-engine builds (checked without vLLM installed)."""
+"""What a model server hands its engine at the ends of its life, how an engine's decode loop ends,
+and the engine arguments the vLLM engine builds (checked without vLLM installed)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from unittest import mock
 
-from tandem.config import ModelConfig
+import pytest
+
+from tandem.config import ModelConfig, TandemConfig
+from tandem.engines.fake import FakeEngine, default_rule
+from tandem.local import LocalTandem
+from tandem.schemas import AskRequest, GenerationRequest, SamplingParams
 from tandem.engines.vllm_engine import mm_limits
 
 
@@ -25,3 +32,30 @@ def test_a_stopping_model_server_shuts_its_engine_down_and_a_failure_does_not_st
     server.engine.shutdown.assert_called_once_with()
     server.engine.shutdown.side_effect = RuntimeError("engine already gone")
     server.__del__()  # logged, not raised
+
+
+def test_shutdown_ends_the_decode_thread_mid_request_and_fails_what_it_held():
+    engine = FakeEngine("small", default_rule(500), step_s=0.01)
+    got: list = []
+    engine.loop.submit(GenerationRequest("long", [], SamplingParams(500), request_id="long"), got.append)
+    deadline = time.monotonic() + 10
+    while engine.loop.decoded.get("long", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.loop.decoded.get("long", 0) >= 2, "the row never started decoding"
+    engine.shutdown()
+    assert not engine.loop._thread.is_alive()
+    assert len(got) >= 1 and isinstance(got[-1], RuntimeError) and "shut down" in str(got[-1])
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate([GenerationRequest("late", [], SamplingParams(4))])
+
+
+def test_a_local_tandem_closed_after_its_answer_leaves_no_decode_thread_running():
+    def decode_threads():
+        return [t for t in threading.enumerate() if t.name.startswith("decode-")]
+
+    before = set(decode_threads())
+    config = TandemConfig(engine="fake")
+    with LocalTandem(config) as tandem:
+        assert tandem.ask(AskRequest(question="What is 2 + 2?", policy="mutual")).answer
+        assert set(decode_threads()) - before, "the answer ran on no decode thread"
+    assert not set(decode_threads()) - before

@@ -169,8 +169,7 @@ def test_in_process_tandem_on_vllm_answers_with_the_towers_on_transformers(png):
         transfer = result.stages["large_transfer"]
         assert result.tokens["large_transfer"] > 0 and 0 <= transfer["cached_tokens"] <= transfer["prompt_tokens"]
     finally:
-        for engine in tandem.engines.values():
-            engine.decoder.shutdown()
+        tandem.close()
 
 
 def test_shutdown_ends_vllms_engine_processes():
