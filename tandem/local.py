@@ -26,6 +26,10 @@ class SplitEngine:
     def encode_images(self, images):
         return self.vision.encode_images(images)
 
+    def shutdown(self) -> None:
+        self.vision.shutdown()
+        self.decoder.shutdown()
+
     def __getattr__(self, name):
         return getattr(self.decoder, name)
 
@@ -61,9 +65,7 @@ class LocalTandem:
 
     def close(self) -> None:
         for engine in self.engines.values():
-            for part in (engine.vision, engine.decoder) if isinstance(engine, SplitEngine) else (engine,):
-                if hasattr(part, "shutdown"):
-                    part.shutdown()
+            engine.shutdown()
 
     def __enter__(self) -> LocalTandem:
         return self

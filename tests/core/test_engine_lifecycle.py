@@ -11,9 +11,9 @@ import pytest
 
 from tandem.config import ModelConfig, TandemConfig
 from tandem.engines.fake import FakeEngine, default_rule
+from tandem.engines.vllm_engine import mm_limits
 from tandem.local import LocalTandem
 from tandem.schemas import AskRequest, GenerationRequest, SamplingParams
-from tandem.engines.vllm_engine import mm_limits
 
 
 def test_vllm_profiles_the_vision_side_for_the_largest_image_tandem_sends():
