@@ -69,7 +69,7 @@ def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -
                                                              grid["repeats"]), 3)})
             bar and bar.update()
         out["vision"][role] = points
-        del tower
+        tower = None  # freed before the language model loads
 
         engine = make_engine(config, role, vision=False)
         engine.stop_token_ids = set()  # every row decodes to its limit: exact step counts
@@ -90,7 +90,7 @@ def profile_engines(config, grid: dict, image: bytes, question: str, bar=None) -
             prefill.append({"batch": b, "prompt_tokens": prompt_tokens, "ms": round(max(0.0, t1 - per_step), 3)})
             bar and bar.update()
         out["generators"][role] = {"prefill": prefill, "step": step}
-        del engine
+        engine = None
     return out
 
 
