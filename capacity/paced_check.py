@@ -8,10 +8,11 @@ The app is serve_config.yaml's with `engine: paced`: every deployment, handle, q
 stream is real, and each model step takes the time PACED_PROFILE gives it, as a wait. Two more
 copies of it answer on a profile of zero times (one never transferring, one always): their
 latencies at concurrency 1 are the cost of Serve's own hops, from which the per-call overheads the
-simulator charges are taken (`calls`), measured in the same run. Then, per run: closed loops at 1,
-4 and 16 and an open loop at `--open-fraction` of the throughput measured at 16, each simulated
-with the same profile, settings and (for the open loop) arrival times. Bars: throughput and p50
-within ±15 %, p95 within ±20 %, in every run. Prints a table per run, each stage call's mean time
+simulator charges are taken (`calls`), measured in the same run; in the simulation that work shares
+the machine's cores (`--host-cores`) as the real app's does, and the model work is the paced waits.
+Then, per run: closed loops at 1, 4 and 16 and an open loop at `--open-fraction` of the throughput
+measured at 16, each simulated with the same profile, settings and (for the open loop) arrival
+times. Bars: throughput and p50 within ±15 %, p95 within ±20 %, in every run. Prints a table per run, each stage call's mean time
 real and simulated under it (where a miss comes from) with the VisionEncoder's calls per batch
 (read from its replica's `stats()`: the check joins the app's Ray cluster as a driver for that),
 and ends with one JSON line:
@@ -25,6 +26,7 @@ import argparse
 import asyncio
 import copy
 import json
+import os
 import time
 from pathlib import Path
 
@@ -153,16 +155,19 @@ SIM_LONGER = 5  # a closed loop simulated this many times as long: the simulatio
 # average out, and a closed loop's steady state does not depend on the run's length
 
 
-def simulated(profile: dict, point: dict, settings: dict, duration_s: float) -> dict:
+def simulated(profile: dict, point: dict, settings: dict, duration_s: float, host_cores: float | None = None) -> dict:
+    """The load simulated with the app's own work (the Router, the calls' hops) sharing `host_cores`
+    and the model work a wait, as on the paced engine."""
     m = point["measured"]
     share = m["workload"].get("transfer_rate", profile["workload"]["transfer_rate"])
     workload = Workload.mutual(share, profile["workload"]["stages"])
     replicas = {"Router": 1, "VisionEncoder": 1, "SmallReasoner": 1, "LargeAnswerer": 1}
+    shared = {"host_cores": host_cores or None, "model_waits": True}
     if "concurrency" in point:
         return simulate(Profile.from_dict(profile), workload, replicas, settings, concurrency=point["concurrency"],
-                        duration_s=SIM_LONGER * duration_s, warmup_s=0.1 * duration_s)
+                        duration_s=SIM_LONGER * duration_s, warmup_s=0.1 * duration_s, **shared)
     return simulate(Profile.from_dict(profile), workload, replicas, settings, duration_s=duration_s,
-                    warmup_s=0.1 * duration_s, arrivals=m["arrivals_s"], paths=m.get("paths"))
+                    warmup_s=0.1 * duration_s, arrivals=m["arrivals_s"], paths=m.get("paths"), **shared)
 
 
 def figures(run: int, points: list[dict]) -> list[dict]:
@@ -203,7 +208,7 @@ def run_all(url: str, items: list[dict], settings: dict, args, batches: VisionBa
         profile = {**PACED_PROFILE, "calls": hops["calls"]}
         points = run_loads(url, items, args.duration_s, args.open_fraction, seed=run, batches=batches)
         for point in points:
-            point["simulated"] = simulated(profile, point, settings, args.duration_s)
+            point["simulated"] = simulated(profile, point, settings, args.duration_s, args.host_cores)
         run_rows = figures(run, points)
         print(f"hops (zero-time copies, c=1): agree {hops['agree_p50_ms']} ms, transfer "
               f"{hops['transfer_p50_ms']} ms -> per call {hops['calls']}")
@@ -220,6 +225,8 @@ def main(argv=None) -> int:
     p.add_argument("--duration-s", type=float, default=40.0, help="per load point")
     p.add_argument("--open-fraction", type=float, default=0.8)
     p.add_argument("--quick", action="store_true", help="1 run of 12 s loads")
+    p.add_argument("--host-cores", type=float, default=os.cpu_count(),
+                   help="the cores the simulated app's own work (Router, hops) shares; 0: each its own")
     p.add_argument("--out", default=str(ROOT / "results"))
     args = p.parse_args(argv)
     if args.quick:

@@ -44,8 +44,12 @@ class Simulation:
     def __init__(self, profile: Profile, workload: Workload, replicas: dict[str, int],
                  settings: dict[str, PoolSettings], *, host_cores: float | None = None, seed: int = 0,
                  slower: list[float] | None = None, slower_step_s: float = 2.0,
-                 slower_model: list[float] | None = None, _alone_cpu_only: bool = False):
+                 slower_model: list[float] | None = None, model_waits: bool = False,
+                 _alone_cpu_only: bool = False):
         self.profile, self.workload, self.settings = profile, workload, settings
+        # The paced engine's model work is a wait, not CPU: with shared cores, only the app's own work
+        # (the Router, the calls' hops) shares them.
+        self.model_waits = model_waits
         self.given_host_cores = host_cores
         self.host_cores = app_cores(host_cores, profile) if host_cores else host_cores
         self._alone_cpu_only = _alone_cpu_only  # a probe run: every request charged the alone figure
@@ -292,7 +296,7 @@ class Simulation:
     def _compute(self, replica: Replica, ms: float):
         """An event that fires once `ms` of the replica's model work has run (`_cpu`)."""
         self.model_ms += ms
-        if self.cores is None:  # own devices: that long (one event: a 10,000 req/s run has millions)
+        if self.cores is None or self.model_waits:  # that long (one event: a 10,000 req/s run has millions)
             replica.compute_s += ms / 1000
             return self.env.timeout(ms / 1000)
         ran = self.env.event()
@@ -370,7 +374,7 @@ class Simulation:
         prefill, step = self.profile.prefill[role], self.profile.step[role]
         rows: dict[int, list[Job]] = {}  # the step at which they finish -> rows
         running, steps = 0, 0
-        queue, pool, coast = rep.queue, rep.pool, self.cores is None and self.coast
+        queue, pool, coast = rep.queue, rep.pool, (self.cores is None or self.model_waits) and self.coast
         env, queue_s, job_done = self.env, pool.queue_s, self._job_done
         max_batch, wait_s = s.max_batch_size, s.batch_wait_s
         while True:
@@ -527,9 +531,9 @@ def simulate(profile: Profile, workload: Workload, replicas: dict[str, int], set
              host_cores: float | None = None, seed: int = 0, warmup_s: float | None = None,
              arrivals: list[float] | None = None, paths: list[str | None] | None = None,
              slower: list[float] | None = None, slower_step_s: float = 2.0,
-             slower_model: list[float] | None = None) -> dict:
+             slower_model: list[float] | None = None, model_waits: bool = False) -> dict:
     sim = Simulation(profile, workload, replicas, settings, host_cores=host_cores, seed=seed,
-                     slower=slower, slower_step_s=slower_step_s, slower_model=slower_model)
+                     slower=slower, slower_step_s=slower_step_s, slower_model=slower_model, model_waits=model_waits)
     return sim.run(rate=rate, concurrency=concurrency, duration_s=duration_s, warmup_s=warmup_s, arrivals=arrivals,
                    paths=paths)
 

@@ -506,3 +506,30 @@ def test_the_model_loops_work_takes_the_model_units_speed_and_the_rest_the_pytho
     all_slow = simulate(p, w, {}, settings(), concurrency=1, duration_s=20, host_cores=2, slower=[2.0])
     # the profile's Router and call overheads are not the model's: only part of the latency doubles
     assert base["p50_ms"] * 1.2 < model_slow["p50_ms"] < all_slow["p50_ms"]
+
+
+def test_with_model_waits_only_the_apps_own_work_shares_the_cores():
+    """The paced engine's model work is a wait: on shared cores it takes its time however many loops
+    run at once, while the Router's work and the calls' hops share the cores and stretch under load."""
+    import dataclasses
+
+    from capacity.simulate import Simulation
+
+    p = dataclasses.replace(profile(), call_ms={"encode": 20.0, "generate": 30.0})
+    w = Workload.mutual(0.0, AGREE)
+    run = lambda c, **kw: simulate(p, w, {}, settings(), concurrency=c, duration_s=30, **kw)  # noqa: E731
+    own, paced, cpu = run(1), run(1, host_cores=1, model_waits=True), run(1, host_cores=1)
+    # alone: the two towers' hops, then the two models' hops, overlap on one core, each pair at half
+    # speed (one hop's time more); the model work does not stretch
+    assert own["p50_ms"] < paced["p50_ms"] < cpu["p50_ms"]
+    assert paced["p50_ms"] - own["p50_ms"] == pytest.approx(20.0 + 30.0, rel=0.02)
+    assert run(1, host_cores=4, model_waits=True)["p50_ms"] == pytest.approx(own["p50_ms"], rel=1e-6)
+    # under load the hops queue for the core, so the paced run is slower than on own devices
+    assert run(8, host_cores=1, model_waits=True)["p50_ms"] > run(8)["p50_ms"] * 1.1
+    sim = Simulation(p, w, {}, settings(), host_cores=1, model_waits=True)
+    sim.run(concurrency=4, duration_s=20.0, warmup_s=0.0)
+    # the cores were charged the Router and the hops only: 2 encode and 2 generate calls a request
+    started = len(sim.arrivals) + sim.in_flight
+    per_request_ms = p.router_ms + 2 * 20.0 + 2 * 30.0
+    assert sim.cores.work_s * 1000 == pytest.approx(started * per_request_ms, rel=0.05)
+    assert sim.model_ms > 0
