@@ -5,9 +5,11 @@ What it models, from Serve's controller, handles and replicas:
 - every `min(0.2 * look_back_period_s, metrics_interval_s)` the pool's requests are recorded — those
   running or queued at its replicas plus those queued at its callers' handles;
 - every `metrics_interval_s` the records so far are pushed to the controller, which sees no newer;
-- every control-loop tick (0.1 s) the controller averages what it has seen over the last
-  `look_back_period_s`, weighted by time, the last record holding until then, and wants `total / target_ongoing_requests` replicas, moves that far from the
-  running count times the up- or downscaling factor, and changes its target only once it has wanted
+- every control-loop tick (Serve's 0.1-s sleep between loops plus the loop's own work: the pool's
+  `timing.period_s`) the controller averages what it has seen over the last `look_back_period_s`,
+  weighted by time, the last record holding until then, and wants `total / target_ongoing_requests`
+  replicas, moves that far from the running count times the up- or downscaling factor, and changes
+  its target only once it has wanted
   to move the same way for `upscale_delay_s` / `downscale_delay_s`; the target is kept within
   min/max_replicas;
 - the replicas follow a new target at the next tick: each of Serve's control loops updates the
@@ -17,6 +19,8 @@ What it models, from Serve's controller, handles and replicas:
   load time; a check replaying a run gives each new replica its measured one, `startups`); a removed
   one, replicas still starting first, then the newest running, takes no new requests and stops once
   its own are done.
+The control loop and each pool's handle began before the load: their first tick and first record fall
+at the phases `timing` gives (0 unless a check draws them), on clocks of their own.
 Not modelled: scaling to zero, the cluster autoscaler adding nodes (a replica is placed at once).
 """
 
@@ -34,9 +38,9 @@ if TYPE_CHECKING:
     from capacity.pools import Pool
     from capacity.simulate import Simulation
 
-CONTROL_LOOP_S = 0.1  # Serve's RAY_SERVE_CONTROL_LOOP_INTERVAL_S
 RECORD_FACTOR = 0.2   # Serve's RAY_SERVE_AUTOSCALING_METRIC_RECORD_INTERVAL_FACTOR
 _EPS = 1e-6           # Serve's tolerance on a delay's elapsed time
+_TIE = 1e-9           # ticks of two clocks this close are one instant (float products of their periods)
 
 
 def scaled(desired: float, running: int, cfg: Autoscaling) -> int:
@@ -95,25 +99,29 @@ class Autoscaler:
         return sum(r.ongoing for r in pool.replicas) + len(pool.waiting) + pool.sending
 
     def run(self):
-        """Records, pushes and control ticks on one clock whose tick divides all three periods (to the
-        ms), so none is rounded to the control loop's 0.1 s; at the same instant, in that order."""
-        cfg, env = self.cfg, self.sim.env
-        periods_ms = [round(1000 * p) for p in (CONTROL_LOOP_S, min(RECORD_FACTOR * cfg.look_back_period_s,
-                                                                     cfg.metrics_interval_s), cfg.metrics_interval_s)]
-        base_ms = math.gcd(*periods_ms)
-        control_every, record_every, push_every = (max(1, ms // base_ms) for ms in periods_ms)
-        tick = 0
+        """Records and pushes on the handle's clock, control ticks on the controller's, as the pool's
+        `timing` sets their phases and the loop's period; at the same instant, in that order."""
+        cfg, env, timing = self.cfg, self.sim.env, self.pool.settings.timing
+        record_s = min(RECORD_FACTOR * cfg.look_back_period_s, cfg.metrics_interval_s)
+        # (first, period) of the records, the pushes and the control ticks
+        clocks = ((timing.handle_phase_s, record_s), (timing.handle_phase_s + cfg.metrics_interval_s,
+                                                      cfg.metrics_interval_s), (timing.control_phase_s, timing.period_s))
+        done = [0, 0, 0]
         while True:
-            now = tick * base_ms / 1000
-            if tick % record_every == 0:
+            due = [first + n * period for (first, period), n in zip(clocks, done)]
+            now = min(due)
+            if now > env.now:
+                yield env.timeout(now - env.now)
+            if due[0] <= now + _TIE:
                 self.records.append((now, self.requests()))
-            if tick and tick % push_every == 0:
+                done[0] += 1
+            if due[1] <= now + _TIE:
                 self.pushed_at = now
-            if tick % control_every == 0:
+                done[1] += 1
+            if due[2] <= now + _TIE:
                 self.apply()
                 self.control(now)
-            tick += 1
-            yield env.timeout((tick * base_ms / 1000) - env.now)
+                done[2] += 1
 
     def seen(self, now: float) -> float | None:
         """What the controller averages: the pushed records as a step function (each holds until the

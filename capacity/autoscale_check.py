@@ -9,7 +9,8 @@ handle records and pushes a pool's requests, 1 s unless given). The load is an o
 with the same autoscaling config. Measured in the same run and fed to the simulator: the per-call
 hop costs (zero-time twins, as paced_check), and how long each new replica took from the controller
 beginning it to RUNNING, which is what `startup_s` stands for: the simulator gives each replica it
-starts its own measured time, in order.
+starts its own measured time, in order. The simulated app's own work (the Router's, the hops) shares
+the machine's cores (`--host-cores`) as the real app's does, its model work the paced waits.
 
 The real pools' running replicas, targets and start-ups are read from Serve's controller log, which
 stamps each change to the ms (capacity/serve_log.py); Serve's REST API is polled every 0.25 s
@@ -41,6 +42,7 @@ import dataclasses
 import functools
 import json
 import os
+import random
 import statistics
 import threading
 import time
@@ -50,9 +52,9 @@ import httpx
 
 from benchmarks.client import ROOT
 from benchmarks.metrics import percentile
-from capacity.autoscale import replicas_at, step_arrivals
+from capacity.autoscale import RECORD_FACTOR, replicas_at, step_arrivals
 from capacity.paced_check import PACED_PROFILE, measure_hops, paced_app, zero_profile
-from capacity.profile import Autoscaling, Profile, Workload, settings_from_config
+from capacity.profile import CONTROL_LOOP_S, Autoscaling, ControlTiming, Profile, Workload, settings_from_config
 from capacity.serve_log import PoolLog, controller_log, parse
 from capacity.sim_check import _post, bodies, closed_loop
 from capacity.simulate import Simulation
@@ -190,6 +192,23 @@ class LoggedPools:
 
     def startup_s(self) -> float | None:
         return median_startup(self)
+
+    def loop_period_s(self) -> float:
+        """The controller's loop period over the run (the median gap from a decision to the loop that
+        acted on it): Serve's 0.1-s sleep plus the loop's own work on this machine."""
+        gaps = [g for p in POOLS for g in self.pools[p].action_gaps()]
+        return round(statistics.median(gaps), 3) if gaps else CONTROL_LOOP_S
+
+
+def sim_timing(seen, run: int, autoscaling: dict) -> dict[str, ControlTiming]:
+    """Each pool's clocks for the simulation: the loop's period as the log measured it (Serve's
+    interval where the polls stand in for the log), and the loop's and each handle's phase drawn for
+    the run — each began before the load, at an instant the load's start does not set."""
+    period = seen.loop_period_s() if isinstance(seen, LoggedPools) else CONTROL_LOOP_S
+    rng = random.Random(run)
+    record_s = min(RECORD_FACTOR * autoscaling["look_back_period_s"], autoscaling["metrics_interval_s"])
+    control = rng.uniform(0.0, period)
+    return {p: ControlTiming(period, round(control, 4), round(rng.uniform(0.0, record_s), 4)) for p in POOLS}
 
 
 def poll_lag(logged: LoggedPools, poller: ReplicaPoller) -> dict:
@@ -332,17 +351,21 @@ def stage_ms_by_step(calls: list[tuple[float, str, float]]) -> dict[str, dict[st
 
 def simulated(profile: dict, sends: list[float], startup_s: float, transfer_rate: float,
               paths: list[str | None] | None = None, startups: dict[str, list] | None = None,
-              autoscaling: dict = AUTOSCALING) -> tuple[dict, list, list]:
+              autoscaling: dict = AUTOSCALING, host_cores: float | None = None,
+              timing: dict[str, ControlTiming] | None = None) -> tuple[dict, list, list]:
     """The simulated run on the same sends (each on its path where known), each pool's new replicas
-    starting in their measured times (`startup_s` where unknown): its summary, (send s, latency ms)
-    pairs and (send s, stage, ms) of every stage call."""
+    starting in their measured times (`startup_s` where unknown), the app's own work sharing
+    `host_cores` (the paced model work a wait): its summary, (send s, latency ms) pairs and (send s,
+    stage, ms) of every stage call."""
     settings = settings_from_config(ROOT / "serve_config.yaml")
     for pool in POOLS:
         replay = tuple(startup_s if s is None else s for s in (startups or {}).get(pool, []))
         settings[pool] = dataclasses.replace(settings[pool], autoscaling=Autoscaling.from_config(autoscaling),
-                                             startup_s=startup_s, startups=replay)
+                                             startup_s=startup_s, startups=replay,
+                                             timing=(timing or {}).get(pool, ControlTiming()))
     workload = Workload.mutual(transfer_rate, profile["workload"]["stages"])
-    sim = Simulation(Profile.from_dict(profile), workload, {}, settings)
+    sim = Simulation(Profile.from_dict(profile), workload, {}, settings, host_cores=host_cores or None,
+                     model_waits=True)
     sim.calls = []
     r = sim.run(duration_s=DURATION_S, warmup_s=0.0, arrivals=sends, paths=paths)
     for pool in POOLS:
@@ -411,8 +434,12 @@ def figures(run: int, seen: ReplicaPoller | LoggedPools, measured: dict, sim: di
     return rows
 
 
-def print_run(run: int, rows: list[dict], startups: dict[str, list], hops: dict) -> None:
+def print_run(run: int, rows: list[dict], startups: dict[str, list], hops: dict,
+              timing: dict[str, ControlTiming]) -> None:
     print(f"run {run}: each new replica's start-up (target rise -> RUNNING, s) {startups}; hops per call {hops['calls']}")
+    t = next(iter(timing.values()))
+    print(f"  the controller's loop every {t.period_s} s (from its log); simulated phases: the loop's "
+          f"{t.control_phase_s} s, the handles' {', '.join(f'{p} {x.handle_phase_s} s' for p, x in timing.items())}")
     for r in rows:
         mark = "" if r["within"] is None else ("ok" if r["within"] else "MISS")
         if r["error"] is None:
@@ -441,7 +468,8 @@ def print_stages(stage_ms: dict[str, dict]) -> None:
 
 
 def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
-             autoscaling: dict = AUTOSCALING, read_controller: bool = False) -> tuple[list[dict], dict]:
+             autoscaling: dict = AUTOSCALING, read_controller: bool = False,
+             host_cores: float | None = None) -> tuple[list[dict], dict]:
     sends = step_arrivals(STEPS, DURATION_S, seed=run)
     start, start_wall = time.monotonic(), time.time()
     reading = ControllerTotals(start) if read_controller else contextlib.nullcontext()
@@ -452,11 +480,12 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
     seen = LoggedPools(log, start_wall, time.time(), poller) if log else poller
     lag = poll_lag(seen, poller) if log else {}
     startup, startups = seen.startup_s() or 0.0, {p: seen.startups(p) for p in POOLS}
+    timing = sim_timing(seen, run, autoscaling)
     sim, sim_latencies, sim_calls = simulated(profile, measured["sent"], startup,
                                               PACED_PROFILE["workload"]["transfer_rate"], measured["paths"], startups,
-                                              autoscaling)
+                                              autoscaling, host_cores, timing)
     rows = figures(run, seen, measured, sim, sim_latencies)
-    print_run(run, rows, startups, hops)
+    print_run(run, rows, startups, hops, timing)
     stage_ms = {"real": stage_ms_by_step(measured["calls"]), "simulated": stage_ms_by_step(sim_calls)}
     print_stages(stage_ms)
     poll = {"median_s": round(statistics.median(poller.took), 3), "max_s": round(max(poller.took), 3)} if poller.took else {}
@@ -468,7 +497,9 @@ def run_once(run: int, app, items: list[dict], profile: dict, hops: dict,
           f"{lag.get('mean_s')} s after the log on average ({lag.get('min_s')}..{lag.get('max_s')} s)")
     print(f"  failed: real {measured['errors'] or 0} (503s turned away by {measured['turned_away'] or '-'}); "
           f"simulated {sim['rejected']} turned away, {sim['pools']['Router']['rejected']} of them at the Router's door")
-    return rows, {"run": run, "startup_s": startup, "startups": startups, "hops": hops, "errors": measured["errors"],
+    return rows, {"run": run, "sent": measured["sent"], "paths": measured["paths"], "host_cores": host_cores,
+                  "timing": {p: dataclasses.asdict(t) for p, t in timing.items()},
+                  "startup_s": startup, "startups": startups, "hops": hops, "errors": measured["errors"],
                   "turned_away": measured["turned_away"], "simulated_rejected": sim["rejected"], "poll": poll,
                   "replicas_from": str(log) if log else "polls", "poll_lag": lag,
                   "controller_totals": totals.samples if totals else {}, "totals_gap": gap,
@@ -500,6 +531,8 @@ def main(argv=None) -> int:
     p.add_argument("--read-controller", action="store_true",
                    help="also read the look-back mean Serve's controller was fed, every 0.25 s (joins the cluster "
                         "as a driver; its reads are work on the app's cores, so the bars are measured without them)")
+    p.add_argument("--host-cores", type=float, default=os.cpu_count(),
+                   help="the cores the simulated app's own work (Router, hops) shares; 0: each its own")
     p.add_argument("--out", default=str(ROOT / "results"))
     args = p.parse_args(argv)
     autoscaling = {**AUTOSCALING, "metrics_interval_s": args.metrics_interval_s}
@@ -519,7 +552,7 @@ def main(argv=None) -> int:
             settle()
             time.sleep(autoscaling["look_back_period_s"] + autoscaling["metrics_interval_s"])
             run_rows, detail = run_once(run, app, items, {**PACED_PROFILE, "calls": hops["calls"]}, hops, autoscaling,
-                                        args.read_controller)
+                                        args.read_controller, args.host_cores)
             rows += run_rows
             runs.append(detail)
         if args.read_controller:

@@ -187,6 +187,9 @@ class Workload:
 
 
 # --- the cluster's settings ---------------------------------------------------------------------------
+CONTROL_LOOP_S = 0.1  # Serve's RAY_SERVE_CONTROL_LOOP_INTERVAL_S
+
+
 @dataclass(frozen=True)
 class Autoscaling:
     """A deployment's `autoscaling_config`: the fields Serve's default policy reads, with Serve's
@@ -225,6 +228,17 @@ class Autoscaling:
         return self.min_replicas if self.initial_replicas is None else self.initial_replicas
 
 
+@dataclass(frozen=True)
+class ControlTiming:
+    """When Serve's control loop ticks and a pool's handle records and pushes its requests, on the
+    simulation's clock. Serve sleeps RAY_SERVE_CONTROL_LOOP_INTERVAL_S (0.1 s) between loops, so a
+    loop's period is that plus the loop's own work (a check measures it from the controller's log);
+    the loop and each handle's metrics began before the load, at phases the load does not set."""
+    period_s: float = CONTROL_LOOP_S
+    control_phase_s: float = 0.0  # the first tick, within one period of the start
+    handle_phase_s: float = 0.0   # the handle's first record, within one record period of the start
+
+
 @dataclass
 class PoolSettings:
     max_ongoing: int = 32
@@ -237,6 +251,7 @@ class PoolSettings:
     autoscaling: Autoscaling | None = None  # None: the pool keeps the replicas it is given
     startup_s: float = 0.0        # autoscaling: from a replica's start to its first request (loading weights)
     startups: tuple[float, ...] = ()  # a check's replay: each new replica's own start-up, in order; then startup_s
+    timing: ControlTiming = ControlTiming()  # autoscaling: when the controller and the pool's handle act
     # The StageAffinityRouter's max_queued_for_affinity where the deployment routes by it: a request's
     # later call goes to the replica that ran its earlier one while that replica holds at most this many.
     affinity_queue: int | None = None

@@ -81,6 +81,18 @@ class PoolLog:
     def targets(self) -> list[tuple[float, int]]:
         return [(0.0, self.target0)] + [(round(e.t - self.start, 3), e.n) for e in self.events if e.kind == "target"]
 
+    def action_gaps(self) -> list[float]:
+        """From each target the controller decided to the first replica it began or stopped for it, where
+        that came within a second: a control loop's period, as the next loop acts on what this one
+        decided."""
+        gaps = []
+        for i, e in enumerate(self.events):
+            if e.kind == "target":
+                act = next((a for a in self.events[i + 1:] if a.kind in ("adding", "stopping", "cancelled")), None)
+                if act is not None and act.t - e.t < 1.0:
+                    gaps.append(round(act.t - e.t, 3))
+        return gaps
+
     def startups(self) -> list[float | None]:
         """Each replica begun, in order: from its `Adding` to its coming up (None: stopped while
         starting; Serve stops the newest starting replica first)."""

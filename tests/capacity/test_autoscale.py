@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from capacity.autoscale import CONTROL_LOOP_S, Decision, parse_steps, replicas_at, scaled, step_arrivals
-from capacity.profile import ROOT, Autoscaling, Profile, Workload, settings_from_config
+from capacity.autoscale import Decision, parse_steps, replicas_at, scaled, step_arrivals
+from capacity.profile import CONTROL_LOOP_S, ROOT, Autoscaling, Profile, Workload, settings_from_config
 from tests.capacity.helpers import AGREE, profile_dict, settings
 
 
@@ -47,7 +47,7 @@ def test_scaling_factors_and_delays_decide_as_serves_policy_does():
             target = theirs
 
 
-def _step_sim(startup_s: float = 2.0, startups: tuple = (), **autoscaling):
+def _step_sim(startup_s: float = 2.0, startups: tuple = (), timing=None, **autoscaling):
     """The test profile, its LargeAnswerer autoscaled (1 to 4 replicas, target 1 ongoing request), under
     an open loop of 1 req/s, 40 req/s from 20 s, nothing from 60 s."""
     from capacity.simulate import Simulation
@@ -55,7 +55,8 @@ def _step_sim(startup_s: float = 2.0, startups: tuple = (), **autoscaling):
     a = Autoscaling(**{"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 1, "metrics_interval_s": 1.0,
                        "look_back_period_s": 2.0, "upscale_delay_s": 3.0, "downscale_delay_s": 5.0, **autoscaling})
     s = settings(max_batch_size=2)
-    s["LargeAnswerer"] = dataclasses.replace(s["LargeAnswerer"], autoscaling=a, startup_s=startup_s, startups=startups)
+    s["LargeAnswerer"] = dataclasses.replace(s["LargeAnswerer"], autoscaling=a, startup_s=startup_s, startups=startups,
+                                             **({"timing": timing} if timing else {}))
     # Slow large steps: 40 req/s keeps several calls ongoing there.
     p = Profile.from_dict(profile_dict(step=(20.0, 30.0)))
     sim = Simulation(p, Workload.mutual(0.0, AGREE), {}, s)
@@ -116,6 +117,33 @@ def test_metrics_are_recorded_and_pushed_at_their_own_period_and_decided_on_the_
     assert scaler.pushed_at / 0.25 == pytest.approx(round(scaler.pushed_at / 0.25))
     decisions = [t for t, _ in r["pools"]["LargeAnswerer"]["targets"][1:]]
     assert decisions and all(t / 0.1 == pytest.approx(round(t / 0.1)) for t in decisions)
+
+
+def test_the_control_loop_ticks_at_its_period_and_phase_and_the_handle_at_its_own():
+    """Serve's loop sleeps its interval (the default period) between loops, so a loop's period is that
+    plus its work; the loop and the handle began before the load, each at a phase of its own. The
+    simulation keeps each clock: decisions on the loop's ticks, the replicas following one tick
+    later, records and pushes on the handle's."""
+    from ray.serve._private.constants import CONTROL_LOOP_INTERVAL_S
+
+    from capacity.profile import ControlTiming
+
+    assert CONTROL_LOOP_S == CONTROL_LOOP_INTERVAL_S == ControlTiming().period_s
+    timing = ControlTiming(period_s=0.125, control_phase_s=0.04, handle_phase_s=0.17)
+    sim, r, _ = _step_sim(timing=timing, metrics_interval_s=0.25)
+    scaler = sim.autoscalers["LargeAnswerer"]
+    ticks = lambda ts: [(t - 0.04) / 0.125 for t in ts]  # noqa: E731
+    decisions = [t for t, _ in r["pools"]["LargeAnswerer"]["targets"][1:]]
+    assert decisions and all(k == pytest.approx(round(k)) for k in ticks(decisions))
+    stopped = [t for (_, before), (t, n) in zip(r["pools"]["LargeAnswerer"]["timeline"],
+                                                 r["pools"]["LargeAnswerer"]["timeline"][1:]) if n < before]
+    assert stopped and all(any(t == pytest.approx(d + 0.125) for d in decisions) for t in stopped)
+    records = [t for t, _ in scaler.records]
+    assert all((t - 0.17) / 0.25 == pytest.approx(round((t - 0.17) / 0.25)) for t in records)
+    assert (scaler.pushed_at - 0.17) / 0.25 == pytest.approx(round((scaler.pushed_at - 0.17) / 0.25))
+    # the same load on the default clocks decides at other instants, the same number of times
+    _, default, _ = _step_sim(metrics_interval_s=0.25)
+    assert [t for t, _ in default["pools"]["LargeAnswerer"]["targets"][1:]] != decisions
 
 
 def test_a_call_counts_toward_its_pools_total_from_its_send_as_serves_handle_counts_it():
@@ -293,6 +321,23 @@ def test_the_check_takes_the_real_pools_from_the_controllers_log_and_says_how_la
     lag = poll_lag(logged, poller)
     assert lag["min_s"] == pytest.approx(0.2) and lag["max_s"] == pytest.approx(0.277)
     assert lag["mean_s"] == pytest.approx((0.2 + 0.2 + 0.277) / 3, abs=1e-3)
+    # The loop that acted on each decision came 0.12 s after it: the controller's period here.
+    assert logged.loop_period_s() == pytest.approx(0.12)
+    _the_simulation_takes_the_logged_period_and_draws_its_phases(logged, poller)
+
+
+def _the_simulation_takes_the_logged_period_and_draws_its_phases(logged, poller):
+    from capacity.autoscale_check import AUTOSCALING, POOLS, sim_timing
+
+    one, again, two = (sim_timing(logged, run, AUTOSCALING) for run in (1, 1, 2))
+    assert one == again and one != two  # drawn per run, from the run's number
+    for timing in (one, two):
+        assert {t.period_s for t in timing.values()} == {0.12}
+        assert len({t.control_phase_s for t in timing.values()}) == 1  # one controller for every pool
+        assert all(0 <= t.control_phase_s < 0.12 and 0 <= t.handle_phase_s < 1.0 for t in timing.values())
+    assert set(one) == set(POOLS) and one["SmallReasoner"].handle_phase_s != one["LargeAnswerer"].handle_phase_s
+    # without a log, the polls know no period: Serve's interval
+    assert {t.period_s for t in sim_timing(poller, 1, AUTOSCALING).values()} == {CONTROL_LOOP_S}
 
 
 def test_the_check_compares_the_controllers_look_back_mean_with_the_simulated_one_by_window():

@@ -30,6 +30,15 @@ def test_a_pools_replicas_and_targets_change_when_the_controller_logged_them():
     assert large.startups() == pytest.approx([38.421 - 30.580, 39.099 - 30.580])
 
 
+def test_a_decision_is_acted_on_by_the_next_control_loop():
+    """From each target to the replica begun or stopped for it: the controller's loop period, or more
+    where a loop ran long."""
+    events = parse(LOG.read_text().splitlines(), "tandem")
+    start = _wall("15:39:00,000")
+    small = PoolLog(events, "SmallReasoner", start, start + 1000, running=1, target=1)
+    assert small.action_gaps() == pytest.approx([0.748, 0.128, 0.117, 0.127])
+
+
 def test_only_the_window_and_the_app_asked_for_count():
     lines = LOG.read_text().splitlines() + [
         "INFO 2026-12-07 15:45:00,000 controller 1 -- Adding 1 replica to Deployment(name='SmallReasoner', app='zero').",
