@@ -4,7 +4,8 @@ load: `python -m capacity.autoscale_check` (~5 min on 2 cores; `--runs N` for mo
 The app is serve_config.yaml's on the paced engine (capacity/paced_check.py's profile) with the
 SmallReasoner and LargeAnswerer autoscaled as AUTOSCALING says — Serve's own controller, metrics and
 replica start-up, short delays so a step shows within minutes (`--metrics-interval-s`: how often each
-handle records and pushes a pool's requests, 1 s unless given). The load is an open loop in STEPS
+handle records and pushes a pool's requests, 0.25 s unless given: where those records fall is not
+known, and at 1 s that alone moves a decision by a second or two). The load is an open loop in STEPS
 (1 req/s, 8 from 30 s, 1 again from 90 s, for 150 s), and the simulator replays its very send times
 with the same autoscaling config. Measured in the same run and fed to the simulator: the per-call
 hop costs (zero-time twins, as paced_check), and how long each new replica took from the controller
@@ -61,7 +62,7 @@ from capacity.simulate import Simulation
 from capacity.stage_profile import stage_calls_ms
 
 POOLS = ("SmallReasoner", "LargeAnswerer")
-AUTOSCALING = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2, "metrics_interval_s": 1.0,
+AUTOSCALING = {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2, "metrics_interval_s": 0.25,
                "look_back_period_s": 5.0, "upscale_delay_s": 3.0, "downscale_delay_s": 10.0}
 STEPS = [(0.0, 1.0), (30.0, 8.0), (90.0, 1.0)]
 DURATION_S = 150.0
