@@ -10,8 +10,10 @@ known, and at 1 s that alone moves a decision by a second or two). The load is a
 with the same autoscaling config. Measured in the same run and fed to the simulator: the per-call
 hop costs (zero-time twins, as paced_check), and how long each new replica took from the controller
 beginning it to RUNNING, which is what `startup_s` stands for: the simulator gives each replica it
-starts its own measured time, in order. The simulated app's own work (the Router's, the hops) shares
-the machine's cores (`--host-cores`) as the real app's does, its model work the paced waits.
+starts its own measured time, in order; and the controller's loop period, read from its log. The
+loop's and each handle's phase, which no log shows, are drawn per run (`sim_timing`). The simulated
+app's own work (the Router's, the hops) shares the machine's cores (`--host-cores`) as the real
+app's does, its model work the paced waits.
 
 The real pools' running replicas, targets and start-ups are read from Serve's controller log, which
 stamps each change to the ms (capacity/serve_log.py); Serve's REST API is polled every 0.25 s
