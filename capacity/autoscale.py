@@ -9,9 +9,8 @@ What it models, from Serve's controller, handles and replicas:
   `timing.period_s`) the controller averages what it has seen over the last `look_back_period_s`,
   weighted by time, the last record holding until then, and wants `total / target_ongoing_requests`
   replicas, moves that far from the running count times the up- or downscaling factor, and changes
-  its target only once it has wanted
-  to move the same way for `upscale_delay_s` / `downscale_delay_s`; the target is kept within
-  min/max_replicas;
+  its target only once it has wanted to move the same way for `upscale_delay_s` /
+  `downscale_delay_s`; the target is kept within min/max_replicas;
 - the replicas follow a new target at the next tick: each of Serve's control loops updates the
   deployments' replicas before it runs the autoscaling policy, so what one loop decides the next
   starts or stops;
