@@ -166,6 +166,10 @@ class ReplicaPoller(Sampler):
     def startup_s(self) -> float | None:
         return median_startup(self)
 
+    def loop_period_s(self) -> float:
+        """The polls see no decision's loop apart from the next: Serve's interval."""
+        return CONTROL_LOOP_S
+
 
 def median_startup(seen) -> float | None:
     """The median start-up of the replicas started during the load."""
@@ -203,11 +207,11 @@ class LoggedPools:
         return round(statistics.median(gaps), 3) if gaps else CONTROL_LOOP_S
 
 
-def sim_timing(seen, run: int, autoscaling: dict) -> dict[str, ControlTiming]:
+def sim_timing(seen: ReplicaPoller | LoggedPools, run: int, autoscaling: dict) -> dict[str, ControlTiming]:
     """Each pool's clocks for the simulation: the loop's period as the log measured it (Serve's
     interval where the polls stand in for the log), and the loop's and each handle's phase drawn for
     the run — each began before the load, at an instant the load's start does not set."""
-    period = seen.loop_period_s() if isinstance(seen, LoggedPools) else CONTROL_LOOP_S
+    period = seen.loop_period_s()
     rng = random.Random(run)
     record_s = min(RECORD_FACTOR * autoscaling["look_back_period_s"], autoscaling["metrics_interval_s"])
     control = rng.uniform(0.0, period)
